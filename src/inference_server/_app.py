@@ -1,0 +1,206 @@
+"""The WSGI application: routing, one request's life, and mapping exceptions to responses."""
+
+from __future__ import annotations
+
+import http
+import logging
+import re
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import orjson
+import pluggy
+import werkzeug.exceptions
+import werkzeug.http
+from werkzeug.datastructures import MIMEAccept
+
+from inference_server import _model
+from inference_server._settings import BatchStrategy, Settings
+from inference_server.errors import BadRequest, ConfigurationError, PayloadTooLarge
+
+if TYPE_CHECKING:
+    from _typeshed.wsgi import StartResponse, WSGIEnvironment
+
+logger = logging.getLogger("inference_server")
+
+Headers = list[tuple[str, str]]
+#: What a route handler returns: status code, headers, body as a list of bytes.
+Reply = tuple[int, Headers, list[bytes]]
+Handler = Callable[["WSGIEnvironment", str], Reply]
+
+_STATUS_LINES = {status.value: f"{status.value} {status.phrase}" for status in http.HTTPStatus}
+_REQUEST_ID = re.compile(r"[\x21-\x7e]{1,200}")
+_READ_BLOCK = 1 << 20
+_MB = 1 << 20
+_EMPTY = (("Content-Type", "text/plain"), ("Content-Length", "0"))
+CUSTOM_ATTRIBUTES = "X-Amzn-SageMaker-Custom-Attributes"
+
+
+def execution_parameters(pm: pluggy.PluginManager) -> dict[str, Any]:
+    """The ``/execution-parameters`` answer from the hooks; an invalid hook value is a :class:`ConfigurationError`."""
+    strategy = pm.hook.batch_strategy()
+    try:
+        strategy = BatchStrategy.parse(strategy)
+    except ValueError as exc:
+        raise ConfigurationError(f"hook batch_strategy returned {exc}") from None
+    values: dict[str, Any] = {"BatchStrategy": strategy.value}
+    for hook_name, key, minimum in (
+        ("max_concurrent_transforms", "MaxConcurrentTransforms", 1),
+        ("max_payload_in_mb", "MaxPayloadInMB", 0),
+    ):
+        value = getattr(pm.hook, hook_name)()
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ConfigurationError(f"hook {hook_name} returned {value!r}: it must be an integer >= {minimum}")
+        values[key] = value
+    return values
+
+
+class App:
+    """The inference-server WSGI application for one set of settings and plugins."""
+
+    def __init__(self, settings: Settings, pm: pluggy.PluginManager) -> None:
+        self.settings = settings
+        self.pm = pm
+        self.execution_parameters = execution_parameters(pm)
+        mb = self.execution_parameters["MaxPayloadInMB"]
+        self.max_body = mb * _MB if mb else None
+        self._routes: dict[str, dict[str, Handler]] = {
+            "/ping": {"GET": self._ping},
+            "/invocations": {"POST": self._invocations},
+            "/execution-parameters": {"GET": self._execution_parameters},
+        }
+
+    def model(self) -> Any:
+        """The loaded model (loading it now if needed)."""
+        return _model.get_model(self.pm, self.settings.model_dir)
+
+    def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        request_id = environ.get("HTTP_X_REQUEST_ID", "")
+        if not _REQUEST_ID.fullmatch(request_id):
+            request_id = uuid.uuid4().hex
+        method = environ["REQUEST_METHOD"]
+        try:
+            status, headers, body = self._dispatch(environ, method, request_id)
+        except werkzeug.exceptions.HTTPException as exc:
+            status, headers, body = _error_reply(exc, request_id)
+        except Exception:
+            logger.exception("Request %s %s %s failed", request_id, method, environ.get("PATH_INFO"))
+            status, headers, body = _error_reply(werkzeug.exceptions.InternalServerError(), request_id)
+        headers.append(("X-Request-Id", request_id))
+        custom_attributes = environ.get("HTTP_X_AMZN_SAGEMAKER_CUSTOM_ATTRIBUTES")
+        if custom_attributes is not None and not any(k.lower() == CUSTOM_ATTRIBUTES.lower() for k, _ in headers):
+            headers.append((CUSTOM_ATTRIBUTES, custom_attributes))
+        start_response(_STATUS_LINES.get(status, f"{status} Unknown"), headers)
+        return [] if method == "HEAD" else body
+
+    def _dispatch(self, environ: WSGIEnvironment, method: str, request_id: str) -> Reply:
+        methods = self._routes.get(environ.get("PATH_INFO") or "/")
+        if methods is None:
+            raise werkzeug.exceptions.NotFound(f"no such path: the routes are {', '.join(self._routes)}")
+        handler = methods.get("GET" if method == "HEAD" else method)
+        if handler is None:
+            allowed = sorted({*methods, *(["HEAD"] if "GET" in methods else [])})
+            raise werkzeug.exceptions.MethodNotAllowed(allowed, f"{method} is not allowed here")
+        return handler(environ, request_id)
+
+    def _ping(self, environ: WSGIEnvironment, request_id: str) -> Reply:
+        try:
+            healthy = self.pm.hook.ping_fn(model=self.model())
+        except _model.ModelLoadError:
+            healthy = False  # model_fn's traceback was logged when it failed
+        except Exception:
+            logger.exception("ping_fn raised; answering 503")
+            healthy = False
+        if not healthy:
+            logger.warning("Ping: unhealthy (the model failed to load or ping_fn returned False)")
+            return 503, list(_EMPTY), []
+        return 200, list(_EMPTY), []
+
+    def _execution_parameters(self, environ: WSGIEnvironment, request_id: str) -> Reply:
+        return _json_reply(200, self.execution_parameters)
+
+    def _invocations(self, environ: WSGIEnvironment, request_id: str) -> Reply:
+        model = self.model()
+        body = read_body(environ, self.max_body)
+        content_type = environ.get("CONTENT_TYPE") or "application/octet-stream"
+        accept = werkzeug.http.parse_accept_header(environ.get("HTTP_ACCEPT") or "*/*", MIMEAccept)
+        hook = self.pm.hook
+        data = hook.input_fn(input_data=body, content_type=content_type)
+        prediction = hook.predict_fn(data=data, model=model)
+        result = hook.output_fn(prediction=prediction, accept=accept)
+        return _output_reply(result)
+
+
+def _output_reply(result: Any) -> Reply:
+    """Turn ``output_fn``'s ``(body, content_type[, headers])`` into a reply."""
+    if not isinstance(result, tuple) or len(result) not in (2, 3):
+        raise TypeError(f"output_fn must return (body, content_type) or (body, content_type, headers), not {result!r}")
+    content, content_type = result[0], result[1]
+    extra: Mapping[str, str] = result[2] if len(result) == 3 else {}
+    chunks = _as_chunks(content)
+    headers = [("Content-Type", str(content_type)), ("Content-Length", str(sum(len(c) for c in chunks)))]
+    headers.extend((str(k), str(v)) for k, v in extra.items())
+    return 200, headers, chunks
+
+
+def _as_chunks(content: Any) -> list[bytes]:
+    if isinstance(content, bytes):
+        return [content]
+    if isinstance(content, str):
+        return [content.encode()]
+    if isinstance(content, (bytearray, memoryview)):
+        return [bytes(content)]
+    if isinstance(content, (list, tuple)):
+        return [chunk for item in content for chunk in _as_chunks(item)]
+    raise TypeError(f"output_fn returned a body of type {type(content).__name__}; expected bytes-like or str")
+
+
+def _json_reply(status: int, value: Any) -> Reply:
+    body = orjson.dumps(value)
+    return status, [("Content-Type", "application/json"), ("Content-Length", str(len(body)))], [body]
+
+
+def _error_reply(exc: werkzeug.exceptions.HTTPException, request_id: str) -> Reply:
+    status = exc.code or 500
+    _, headers, body = _json_reply(status, {"message": exc.description, "request_id": request_id, "status": status})
+    headers.extend((k, v) for k, v in exc.get_headers() if k.lower() != "content-type")
+    return status, headers, body
+
+
+def read_body(environ: WSGIEnvironment, limit: int | None) -> bytearray:
+    """Read the request body into one buffer, refusing bodies over ``limit`` bytes with 413.
+
+    With a ``Content-Length`` the buffer is allocated once and a body over the limit is refused before any of it is
+    read; a chunked body grows in large steps and is refused as soon as it passes the limit.
+    """
+    stream = environ["wsgi.input"]
+    length_header = environ.get("CONTENT_LENGTH")
+    if length_header:
+        try:
+            length = int(length_header)
+            if length < 0:
+                raise ValueError
+        except ValueError:
+            raise BadRequest(f"Content-Length {length_header!r} is not a byte count") from None
+        if limit is not None and length > limit:
+            raise PayloadTooLarge(f"the body is {length} bytes; the limit (MaxPayloadInMB) is {limit} bytes")
+        buffer = bytearray(length)
+        view = memoryview(buffer)
+        position = 0
+        while position < length:
+            chunk = stream.read(min(length - position, _READ_BLOCK))
+            if not chunk:
+                raise BadRequest(f"the body ended after {position} of {length} bytes (Content-Length)")
+            view[position : position + len(chunk)] = chunk
+            position += len(chunk)
+        return buffer
+    chunked = "chunked" in environ.get("HTTP_TRANSFER_ENCODING", "").lower()
+    if not (chunked or environ.get("wsgi.input_terminated")):
+        return bytearray()  # no length and no framing: WSGI says there is no body to read
+    buffer = bytearray()
+    while chunk := stream.read(_READ_BLOCK):
+        buffer += chunk
+        if limit is not None and len(buffer) > limit:
+            raise PayloadTooLarge(f"the chunked body passed the limit (MaxPayloadInMB) of {limit} bytes")
+    return buffer

@@ -1,0 +1,70 @@
+"""Loading the model once per process (thread-safe), and remembering why it failed if it did."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Any
+
+import pluggy
+
+from inference_server.errors import ServiceUnavailable
+
+logger = logging.getLogger("inference_server")
+
+
+class ModelLoadError(ServiceUnavailable):
+    """503: ``model_fn`` raised; the reason is in the log."""
+
+
+class _Slot:
+    """One model directory's model: loaded at most once, by the first caller, while others wait."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.loaded = False
+        self.model: Any = None
+        self.error: BaseException | None = None
+
+
+_slots: dict[str, _Slot] = {}
+_slots_lock = threading.Lock()
+
+
+def get_model(pm: pluggy.PluginManager, model_dir: str) -> Any:
+    """Return the model for ``model_dir``, calling ``model_fn`` the first time only.
+
+    A ``model_fn`` that raised is not retried: every later call raises :class:`ModelLoadError`.
+    """
+    slot = _slots.get(model_dir)
+    if slot is not None and slot.loaded:  # the hot path takes no lock
+        return slot.model
+    with _slots_lock:
+        slot = _slots.setdefault(model_dir, _Slot())
+    with slot.lock:
+        if not slot.loaded and slot.error is None:
+            _load(pm, model_dir, slot)
+    if slot.error is not None:
+        raise ModelLoadError(f"the model failed to load: {type(slot.error).__name__}: {slot.error}")
+    return slot.model
+
+
+def _load(pm: pluggy.PluginManager, model_dir: str, slot: _Slot) -> None:
+    if not os.path.isdir(model_dir):
+        logger.warning("Model directory %s does not exist; model_fn decides whether that matters", model_dir)
+    logger.info("Loading the model from %s", model_dir)
+    try:
+        slot.model = pm.hook.model_fn(model_dir=model_dir)
+    except Exception as exc:
+        slot.error = exc
+        logger.exception("model_fn failed; /ping answers 503 and /invocations 503 until restart")
+        return
+    slot.loaded = True
+    logger.info("Loaded the model: %s", type(slot.model).__name__)
+
+
+def forget_models() -> None:
+    """Drop every loaded model (for tests that load a model more than once in one process)."""
+    with _slots_lock:
+        _slots.clear()

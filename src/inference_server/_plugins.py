@@ -1,0 +1,158 @@
+"""Hook specifications, the plugin manager, and discovery from the ``inference_server`` entry-point group.
+
+For every hook the first implementation returning something other than ``None`` wins; the built-in defaults in
+:mod:`inference_server.default_plugin` are registered first and marked ``trylast``, so they always run last.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import logging
+import os
+import threading
+from collections.abc import Collection, Iterable
+from typing import TYPE_CHECKING, Any
+
+import pluggy
+
+from inference_server.errors import PluginError
+
+if TYPE_CHECKING:
+    from werkzeug.datastructures import MIMEAccept
+
+    from inference_server._settings import BatchStrategy
+
+PROJECT = "inference_server"
+ENTRY_POINT_GROUP = "inference_server"
+
+#: Decorator for hook implementations in a plugin.
+plugin_hook = pluggy.HookimplMarker(PROJECT)
+hookspec = pluggy.HookspecMarker(PROJECT)
+
+logger = logging.getLogger(PROJECT)
+
+
+class HookSpecs:
+    """The hooks a plugin may implement. Names and signatures are those of inference-server 1.x."""
+
+    @hookspec(firstresult=True)
+    def model_fn(self, model_dir: str) -> Any:
+        """Load the model from ``model_dir`` (a directory that may not exist; the hook decides)."""
+        raise NotImplementedError
+
+    @hookspec(firstresult=True)
+    def input_fn(self, input_data: bytes, content_type: str) -> Any:
+        """Turn the request body (bytes-like) of media type ``content_type`` into the model's input."""
+        raise NotImplementedError
+
+    @hookspec(firstresult=True)
+    def predict_fn(self, data: Any, model: Any) -> Any:
+        """Run the model on the output of ``input_fn``."""
+        raise NotImplementedError
+
+    @hookspec(firstresult=True)
+    def output_fn(self, prediction: Any, accept: MIMEAccept) -> tuple[Any, str]:
+        """Serialize the prediction for a client accepting ``accept``; return ``(body, content_type)``.
+
+        A third item, a mapping of extra response headers, may follow the content type.
+        """
+        raise NotImplementedError
+
+    @hookspec(firstresult=True)
+    def ping_fn(self, model: Any) -> bool:
+        """Return whether the model is healthy; ``False`` makes ``/ping`` answer 503."""
+        raise NotImplementedError
+
+    @hookspec(firstresult=True)
+    def batch_strategy(self) -> BatchStrategy | str:
+        """The Batch Transform strategy this model prefers (``SingleRecord`` or ``MultiRecord``)."""
+        raise NotImplementedError
+
+    @hookspec(firstresult=True)
+    def max_concurrent_transforms(self) -> int:
+        """How many Batch Transform requests this model can serve at once."""
+        raise NotImplementedError
+
+    @hookspec(firstresult=True)
+    def max_payload_in_mb(self) -> int:
+        """The largest request body this model accepts, in MB (0: no limit)."""
+        raise NotImplementedError
+
+
+HOOK_NAMES = tuple(name for name in vars(HookSpecs) if not name.startswith("_"))
+
+_lock = threading.Lock()
+
+
+#: Comma-separated entry-point names to load instead of every installed plugin ("" loads none).
+PLUGINS_ENV = "INFERENCE_SERVER_PLUGINS"
+
+
+def build_manager(names: Collection[str] | None = None, plugins: Iterable[object] = ()) -> pluggy.PluginManager:
+    """A new plugin manager: the defaults, the installed plugins (only ``names`` if given), then ``plugins``."""
+    from inference_server import default_plugin
+
+    pm = pluggy.PluginManager(PROJECT)
+    pm.add_hookspecs(HookSpecs)
+    pm.register(default_plugin, name="inference_server.default_plugin")
+    entry_points = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
+    if names is not None:
+        missing = set(names) - set(entry_points.names)
+        if missing:
+            raise PluginError(
+                f"{PLUGINS_ENV} names {', '.join(sorted(missing))}, which no installed package provides "
+                f"(installed plugins: {', '.join(sorted(entry_points.names)) or 'none'})"
+            )
+    for entry_point in entry_points:
+        if names is None or entry_point.name in names:
+            register(pm, _load(entry_point), name=entry_point.name)
+    for plugin in plugins:
+        register(pm, plugin)
+    logger.debug("Plugins: %s", [pm.get_name(plugin) for plugin in pm.get_plugins()])
+    return pm
+
+
+@functools.cache
+def _manager() -> pluggy.PluginManager:
+    selected = os.environ.get(PLUGINS_ENV)
+    names = None if selected is None else [name.strip() for name in selected.split(",") if name.strip()]
+    return build_manager(names)
+
+
+def manager() -> pluggy.PluginManager:
+    """The process's plugin manager: the defaults and the installed plugins (see ``INFERENCE_SERVER_PLUGINS``).
+
+    Raises :class:`PluginError` naming the plugin (and the hook) when a plugin cannot be loaded.
+    """
+    with _lock:  # functools.cache alone would let two threads load the plugins twice
+        return _manager()
+
+
+def _load(entry_point: importlib.metadata.EntryPoint) -> object:
+    try:
+        return entry_point.load()
+    except Exception as exc:
+        raise PluginError(
+            f"plugin {entry_point.name!r} ({entry_point.value}) failed to import: {type(exc).__name__}: {exc}"
+        ) from exc
+
+
+def register(pm: pluggy.PluginManager, plugin: object, name: str | None = None) -> None:
+    """Register ``plugin`` after checking that each of its hooks matches a spec; errors name plugin and hook."""
+    if pm.is_registered(plugin):
+        return  # the same module listed under two entry-point names
+    label = name or getattr(plugin, "__name__", repr(plugin))
+    try:
+        pm.register(plugin, name=name)
+    except pluggy.PluginValidationError as exc:
+        raise PluginError(f"plugin {label!r}: {exc}") from exc
+    except ValueError as exc:  # a second plugin with the same name
+        raise PluginError(f"plugin {label!r}: {exc}") from exc
+    for hook_name, caller in vars(pm.hook).items():
+        if caller.spec is None and any(impl.plugin is plugin for impl in caller.get_hookimpls()):
+            pm.unregister(plugin)
+            raise PluginError(
+                f"plugin {label!r}: hook {hook_name!r} is not an inference-server hook "
+                f"(the hooks are {', '.join(HOOK_NAMES)})"
+            )

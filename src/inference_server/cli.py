@@ -1,0 +1,96 @@
+"""The ``inference-server`` command line: ``serve`` starts the production HTTP server."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+from inference_server import __version__, _plugins
+from inference_server._app import App
+from inference_server._settings import MODEL_DIR_ENV, Settings
+from inference_server.errors import ConfigurationError, PluginError
+
+logger = logging.getLogger("inference_server")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="inference-server",
+        description="Serve a model package over HTTP with the Amazon SageMaker container contract.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    serve = commands.add_parser(
+        "serve",
+        help="start the HTTP server (what SageMaker runs as 'docker run IMAGE serve')",
+        description="Start the production HTTP server: GET /ping, POST /invocations, GET /execution-parameters. "
+        "Command-line options win over environment variables.",
+    )
+    serve.add_argument("--host", help="address to listen on (default: 0.0.0.0)")
+    serve.add_argument("--port", help="TCP port (default: $SAGEMAKER_BIND_TO_PORT, else 8080)")
+    serve.add_argument(
+        "--workers",
+        help="worker processes, each loading the model (default: $SAGEMAKER_MODEL_SERVER_WORKERS, "
+        "else the number of CPUs)",
+    )
+    serve.add_argument(
+        "--threads",
+        help="request threads per worker; above 1 the model must be thread-safe "
+        "(default: $INFERENCE_SERVER_THREADS, else 1)",
+    )
+    serve.add_argument(
+        "--timeout",
+        help="seconds a worker may stay unresponsive before it is restarted "
+        "(default: $SAGEMAKER_MODEL_SERVER_TIMEOUT, else 60)",
+    )
+    serve.add_argument(
+        "--model-dir", help=f"directory passed to model_fn (default: ${MODEL_DIR_ENV}, else /opt/ml/model)"
+    )
+    serve.add_argument(
+        "--log-level",
+        help="critical, error, warning, info or debug (default: $INFERENCE_SERVER_LOG_LEVEL, else info)",
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; return the exit status."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command != "serve":
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        settings = Settings.from_env(
+            host=args.host,
+            port=args.port,
+            workers=args.workers,
+            threads=args.threads,
+            timeout=args.timeout,
+            model_dir=args.model_dir,
+            log_level=args.log_level,
+        )
+    except ConfigurationError as exc:
+        parser.exit(2, f"inference-server: error: {exc}\n")
+    return serve(settings)
+
+
+def serve(settings: Settings) -> int:
+    """Check the plugins and settings, then serve until SIGTERM; return the exit status."""
+    logging.basicConfig(
+        level=settings.log_level_number, format="%(asctime)s [%(process)d] [%(levelname)s] %(name)s: %(message)s"
+    )
+    os.environ[MODEL_DIR_ENV] = settings.model_dir  # so that create_app() and warmup() in user code agree
+    try:
+        app = App(settings, _plugins.manager())
+    except (PluginError, ConfigurationError) as exc:
+        logger.error("Cannot start: %s", exc)
+        print(f"inference-server: error: {exc}", file=sys.stderr)
+        return 1
+    from inference_server._server import GunicornServer
+
+    GunicornServer(app).run()
+    return 0

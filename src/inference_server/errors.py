@@ -1,0 +1,75 @@
+"""The exceptions of inference-server.
+
+Catch :class:`InferenceServerError` for anything this package raises on purpose::
+
+    InferenceServerError
+    ├── ConfigurationError (ValueError)   bad environment variable, option or hook value at start-up
+    ├── PluginError                       a plugin failed to import, or a hook does not match its spec
+    └── HTTPError (werkzeug HTTPException) an answer with a status, raised on the request path
+        ├── BadRequest            400
+        │   └── DecodeError (ValueError)  a body the built-in codecs cannot decode
+        ├── PayloadTooLarge       413
+        ├── UnsupportedMediaType  415
+        ├── NotAcceptable         406
+        └── ServiceUnavailable    503
+
+A hook may raise any :class:`werkzeug.exceptions.HTTPException` (these included) to choose the status of the
+response; the message is its ``description``.
+"""
+
+from __future__ import annotations
+
+import werkzeug.exceptions
+
+__all__ = [
+    "BadRequest",
+    "ConfigurationError",
+    "DecodeError",
+    "HTTPError",
+    "InferenceServerError",
+    "NotAcceptable",
+    "PayloadTooLarge",
+    "PluginError",
+    "ServiceUnavailable",
+    "UnsupportedMediaType",
+]
+
+
+class InferenceServerError(Exception):
+    """Base class of every exception inference-server raises on purpose."""
+
+
+class ConfigurationError(InferenceServerError, ValueError):
+    """A setting (environment variable, command-line option or hook value) is invalid."""
+
+
+class PluginError(InferenceServerError):
+    """A plugin could not be loaded: it failed to import or one of its hooks does not match the spec."""
+
+
+class HTTPError(InferenceServerError, werkzeug.exceptions.HTTPException):
+    """An error that becomes an HTTP response with the class's ``code``."""
+
+
+class BadRequest(HTTPError, werkzeug.exceptions.BadRequest):
+    """400: the request is malformed."""
+
+
+class DecodeError(BadRequest, ValueError):
+    """400: the body is not valid for its declared media type."""
+
+
+class PayloadTooLarge(HTTPError, werkzeug.exceptions.RequestEntityTooLarge):
+    """413: the body is larger than ``MaxPayloadInMB``."""
+
+
+class UnsupportedMediaType(HTTPError, werkzeug.exceptions.UnsupportedMediaType):
+    """415: no decoder for the request's ``Content-Type``."""
+
+
+class NotAcceptable(HTTPError, werkzeug.exceptions.NotAcceptable):
+    """406: no encoding of the prediction is acceptable to the client."""
+
+
+class ServiceUnavailable(HTTPError, werkzeug.exceptions.ServiceUnavailable):
+    """503: the model is not loaded or not healthy."""

@@ -1,0 +1,112 @@
+"""Helpers for testing a model plugin in-process, without starting a server (no pytest needed).
+
+The serializers and deserializers follow the SageMaker Python SDK's interface: a serializer has
+``serialize(data)`` and ``CONTENT_TYPE``; a deserializer has ``deserialize(stream, content_type)`` and ``ACCEPT``.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import orjson
+import pluggy
+import werkzeug.test
+
+import inference_server
+from inference_server import _plugins
+
+__all__ = [
+    "client",
+    "hookimpl_is_valid",
+    "plugin_is_registered",
+    "plugin_manager",
+    "post_invocations",
+    "predict",
+]
+
+
+class Serializer(Protocol):
+    """What :func:`predict` needs of a serializer (any SageMaker SDK serializer fits)."""
+
+    CONTENT_TYPE: str
+
+    def serialize(self, data: Any) -> Any: ...
+
+
+class Deserializer(Protocol):
+    """What :func:`predict` needs of a deserializer (any SageMaker SDK deserializer fits)."""
+
+    ACCEPT: str | Sequence[str]
+
+    def deserialize(self, stream: Any, content_type: str) -> Any: ...
+
+
+def client(*, model_dir: str | None = None) -> werkzeug.test.Client:
+    """A :class:`werkzeug.test.Client` for the inference-server app, with the installed plugins."""
+    return werkzeug.test.Client(inference_server.create_app(model_dir=model_dir))
+
+
+def post_invocations(*, model_dir: str | None = None, **request_kwargs: Any) -> werkzeug.test.TestResponse:
+    """POST to ``/invocations`` and return the response, whatever its status.
+
+    ``request_kwargs`` go to :meth:`werkzeug.test.Client.post` (``data=``, ``json=``, ``content_type=``,
+    ``headers=``, ...).
+    """
+    return client(model_dir=model_dir).post("/invocations", **request_kwargs)
+
+
+def predict(
+    data: Any,
+    *,
+    serializer: Serializer | None = None,
+    deserializer: Deserializer | None = None,
+    model_dir: str | None = None,
+) -> Any:
+    """Send ``data`` through the whole pipeline (``input_fn`` to ``output_fn``) and return the deserialized answer.
+
+    Without a serializer ``data`` must be bytes and is sent as ``application/octet-stream``; without a deserializer
+    the response body is returned as bytes. A response other than 200 raises :class:`AssertionError` with the
+    status and the server's message.
+    """
+    if serializer is None:
+        body, content_type = data, "application/octet-stream"
+    else:
+        body, content_type = serializer.serialize(data), serializer.CONTENT_TYPE
+    accept = "*/*"
+    if deserializer is not None:
+        accept = deserializer.ACCEPT if isinstance(deserializer.ACCEPT, str) else ", ".join(deserializer.ACCEPT)
+    response = post_invocations(
+        model_dir=model_dir, data=body, content_type=content_type, headers={"Accept": accept}
+    )
+    if response.status_code != 200:
+        raise AssertionError(f"POST /invocations answered {response.status}: {_message(response.data)}")
+    if deserializer is None:
+        return response.data
+    return deserializer.deserialize(io.BytesIO(response.data), response.content_type or "")
+
+
+def _message(body: bytes) -> str:
+    try:
+        return str(orjson.loads(body)["message"])
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        return body.decode(errors="replace")
+
+
+def plugin_manager() -> pluggy.PluginManager:
+    """The plugin manager the server uses, with the built-in defaults and the installed plugins."""
+    return _plugins.manager()
+
+
+def plugin_is_registered(plugin: object) -> bool:
+    """Whether ``plugin`` (usually a module) is registered, i.e. its entry point is installed."""
+    return plugin_manager().is_registered(plugin)
+
+
+def hookimpl_is_valid(function: Callable[..., Any]) -> bool:
+    """Whether ``function`` is a registered implementation of the inference-server hook of the same name."""
+    hook = getattr(plugin_manager().hook, function.__name__, None)
+    if hook is None or hook.spec is None:
+        return False
+    return any(impl.function is function for impl in hook.get_hookimpls())

@@ -1,0 +1,188 @@
+"""Shared fixtures: a clean environment, plugin packages made on the fly, and real servers on free ports."""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from inference_server import _model
+
+READY_DEADLINE = 30.0
+
+
+@pytest.fixture(autouse=True)
+def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test starts without SageMaker or inference-server variables."""
+    for name in list(os.environ):
+        if name.startswith(("SAGEMAKER_", "INFERENCE_SERVER_", "AWS_ENDPOINT_URL")):
+            monkeypatch.delenv(name)
+    _model.forget_models()
+
+
+class PluginSite:
+    """A directory of importable plugin packages, each with entry-point metadata, for ``PYTHONPATH``."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.names: list[str] = []
+
+    def add(self, name: str, source: str) -> str:
+        """Write module ``name`` with ``source`` and register it in the ``inference_server`` entry-point group."""
+        (self.path / f"{name}.py").write_text(textwrap.dedent(source))
+        dist_info = self.path / f"{name}-1.0.dist-info"
+        dist_info.mkdir()
+        (dist_info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
+        (dist_info / "entry_points.txt").write_text(f"[inference_server]\n{name} = {name}\n")
+        self.names.append(name)
+        return name
+
+
+@pytest.fixture
+def plugin_site(tmp_path: Path) -> PluginSite:
+    """An empty :class:`PluginSite`."""
+    path = tmp_path / "site"
+    path.mkdir()
+    return PluginSite(path)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture
+def unused_port() -> int:
+    """A free TCP port on 127.0.0.1."""
+    return free_port()
+
+
+@dataclass
+class Reply:
+    """A response read whole."""
+
+    status: int
+    headers: http.client.HTTPMessage
+    body: bytes
+
+    def json(self) -> Any:
+        import orjson
+
+        return orjson.loads(self.body)
+
+
+class Server:
+    """``inference-server serve`` in a subprocess on a free port of 127.0.0.1."""
+
+    def __init__(self, args: list[str], env: dict[str, str], log: Path) -> None:
+        self.log = log
+        command = [sys.executable, "-m", "inference_server", "serve", "--host", "127.0.0.1", "--workers", "1", *args]
+        if "SAGEMAKER_BIND_TO_PORT" in env:
+            self.port = int(env["SAGEMAKER_BIND_TO_PORT"])
+        else:
+            self.port = free_port()
+            command += ["--port", str(self.port)]
+        with log.open("wb") as out:
+            self.process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
+
+    def wait_ready(self, deadline: float = READY_DEADLINE) -> Server:
+        """Wait until ``/ping`` answers (any status), or fail with the server's log."""
+        end = time.monotonic() + deadline
+        while time.monotonic() < end:
+            if self.process.poll() is not None:
+                raise AssertionError(f"server exited with {self.process.returncode}:\n{self.output()}")
+            with contextlib.suppress(OSError):
+                self.request("GET", "/ping", timeout=2)
+                return self
+            time.sleep(0.05)
+        raise AssertionError(f"server not ready after {deadline} s:\n{self.output()}")
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def connection(self, timeout: float = 30) -> http.client.HTTPConnection:
+        return http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: bytes | None = None,
+        headers: dict[str, str] | None = None,
+        timeout: float = 30,
+    ) -> Reply:
+        connection = self.connection(timeout)
+        try:
+            connection.request(method, path, body=body, headers=headers or {})
+            response = connection.getresponse()
+            return Reply(response.status, response.headers, response.read())
+        finally:
+            connection.close()
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 15) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+
+class ServerFactory:
+    """Starts servers for one test and stops them all at its end."""
+
+    def __init__(self, tmp_path: Path, plugin_site: PluginSite) -> None:
+        self.tmp_path = tmp_path
+        self.plugin_site = plugin_site
+        self.servers: list[Server] = []
+
+    def environment(self, plugins: list[str] | None, env: dict[str, str] | None) -> dict[str, str]:
+        environment = {k: v for k, v in os.environ.items() if not k.startswith(("SAGEMAKER_", "INFERENCE_SERVER_"))}
+        paths = [str(self.plugin_site.path), environment.get("PYTHONPATH", "")]
+        environment["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+        environment["INFERENCE_SERVER_PLUGINS"] = ",".join(self.plugin_site.names if plugins is None else plugins)
+        environment.update(env or {})
+        return environment
+
+    def start(
+        self,
+        *args: str,
+        plugins: list[str] | None = None,
+        env: dict[str, str] | None = None,
+        wait: bool = True,
+    ) -> Server:
+        """Start a server with the site's plugins (or only ``plugins``) on a free port, unless ``env`` names one."""
+        log = self.tmp_path / f"server-{len(self.servers)}.log"
+        server = Server(list(args), self.environment(plugins, env), log)
+        self.servers.append(server)
+        return server.wait_ready() if wait else server
+
+    def close(self) -> None:
+        for server in self.servers:
+            server.stop()
+
+
+@pytest.fixture
+def servers(tmp_path: Path, plugin_site: PluginSite) -> Iterator[ServerFactory]:
+    """Start real servers; each is sent SIGTERM at the end of the test."""
+    factory = ServerFactory(tmp_path, plugin_site)
+    try:
+        yield factory
+    finally:
+        factory.close()

@@ -1,0 +1,330 @@
+"""The HTTP contract, end to end through real ``inference-server serve`` processes, and WSGI compliance in-process."""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import io
+import wsgiref.validate
+from typing import Any
+
+import orjson
+import pytest
+import werkzeug.exceptions
+import werkzeug.test
+
+from inference_server import _plugins, plugin_hook
+from inference_server._app import App
+from inference_server._settings import Settings
+
+FORECAST = {
+    "wind": "Southwesterly gale force 8 continuing",
+    "sea_state": "Rough or very rough, occasionally moderate in southeast.",
+    "weather": "Thundery showers.",
+    "visibility": "Good, occasionally poor.",
+}
+
+FRAGILE = """
+    import inference_server
+    from werkzeug.exceptions import UnsupportedMediaType
+
+    @inference_server.plugin_hook
+    def input_fn(input_data, content_type):
+        if content_type.startswith("image/"):
+            raise UnsupportedMediaType("images are not for this model")
+        return bytes(input_data)
+
+    @inference_server.plugin_hook
+    def predict_fn(data, model):
+        if data == b"boom":
+            raise RuntimeError("secret internals exploded")
+        return data.upper()
+"""
+
+
+def test_seed_example_answers_the_forecast(servers: Any) -> None:
+    """The seed's shipping forecast, installed by entry point, answers a JSON request over HTTP."""
+    server = servers.start(plugins=["shipping_forecast"])
+    reply = server.request("POST", "/invocations", b'{"location": "Fair Isle"}', {"Content-Type": "application/json"})
+    assert reply.status == 200
+    assert reply.headers["Content-Type"] == "application/json"
+    assert reply.json() == FORECAST
+
+
+def test_no_accept_header_means_anything(servers: Any) -> None:
+    """A request without Accept (curl's default) satisfies the seed's ``assert accept.accept_json``."""
+    server = servers.start(plugins=["shipping_forecast"])
+    with contextlib.closing(server.connection()) as connection:
+        connection.putrequest("POST", "/invocations", skip_accept_encoding=True)
+        body = b'{"location": "Dogger"}'
+        connection.putheader("Content-Length", str(len(body)))
+        connection.endheaders(body)
+        response = connection.getresponse()
+        assert (response.status, orjson.loads(response.read())) == (200, FORECAST)
+
+
+def test_unknown_path_wrong_method_and_head(servers: Any) -> None:
+    """Unknown paths are 404, wrong methods 405 with Allow, and HEAD works where GET does."""
+    server = servers.start(plugins=[])
+    assert server.request("GET", "/nope").status == 404
+    reply = server.request("GET", "/invocations")
+    assert reply.status == 405
+    assert reply.headers["Allow"] == "POST"
+    reply = server.request("POST", "/ping")
+    assert (reply.status, reply.headers["Allow"]) == (405, "GET, HEAD")
+    head = server.request("HEAD", "/execution-parameters")
+    get = server.request("GET", "/execution-parameters")
+    assert (head.status, head.body) == (200, b"")
+    assert head.headers["Content-Length"] == get.headers["Content-Length"] == str(len(get.body))
+
+
+def test_hook_error_is_500_without_traceback_and_server_keeps_serving(servers: Any, plugin_site: Any) -> None:
+    """A hook's exception is a JSON 500 with the request id; the traceback is only in the log."""
+    plugin_site.add("fragile", FRAGILE)
+    server = servers.start()
+    reply = server.request("POST", "/invocations", b"boom", {"X-Request-Id": "req-42"})
+    assert reply.status == 500
+    assert reply.json()["request_id"] == "req-42"
+    assert "secret internals" not in reply.body.decode()
+    assert "Traceback" not in reply.body.decode()
+    assert server.request("POST", "/invocations", b"calm").body == b"CALM"
+    assert "RuntimeError: secret internals exploded" in server.output()
+
+
+def test_hook_raising_http_exception_keeps_its_status(servers: Any, plugin_site: Any) -> None:
+    """A hook raising werkzeug's UnsupportedMediaType gives 415 with the hook's message."""
+    plugin_site.add("fragile", FRAGILE)
+    server = servers.start()
+    reply = server.request("POST", "/invocations", b"\x89PNG", {"Content-Type": "image/png"})
+    assert reply.status == 415
+    assert reply.json()["message"] == "images are not for this model"
+
+
+def test_ping_is_503_when_ping_fn_says_unhealthy(servers: Any, plugin_site: Any) -> None:
+    """``ping_fn`` returning False makes /ping 503 with an empty body."""
+    plugin_site.add(
+        "sick",
+        """
+        import inference_server
+
+        @inference_server.plugin_hook
+        def ping_fn(model):
+            return False
+        """,
+    )
+    server = servers.start()
+    reply = server.request("GET", "/ping")
+    assert (reply.status, reply.body) == (503, b"")
+    assert "unhealthy" in server.output()
+
+
+def test_failing_model_fn_gives_503_and_logs_the_reason(servers: Any, plugin_site: Any) -> None:
+    """A ``model_fn`` that raises leaves the server up, answering 503 on /ping and /invocations."""
+    plugin_site.add(
+        "broken",
+        """
+        import inference_server
+
+        @inference_server.plugin_hook
+        def model_fn(model_dir):
+            raise FileNotFoundError("model.bin is missing from " + model_dir)
+        """,
+    )
+    server = servers.start("--model-dir", "/nonexistent/model")
+    assert server.request("GET", "/ping").status == 503
+    reply = server.request("POST", "/invocations", b"x")
+    assert reply.status == 503
+    assert "model.bin is missing" in reply.json()["message"]
+    assert "FileNotFoundError: model.bin is missing from /nonexistent/model" in server.output()
+
+
+def test_custom_attributes_and_request_id_are_echoed(servers: Any) -> None:
+    """Custom attributes come back on the response; X-Request-Id is kept when given, else generated."""
+    server = servers.start(plugins=[])
+    reply = server.request(
+        "POST",
+        "/invocations",
+        b"abc",
+        {"X-Amzn-SageMaker-Custom-Attributes": "trace=1,mode=fast", "X-Request-Id": "abc-123"},
+    )
+    assert reply.status == 200
+    assert reply.headers["X-Amzn-SageMaker-Custom-Attributes"] == "trace=1,mode=fast"
+    assert reply.headers["X-Request-Id"] == "abc-123"
+    generated = server.request("GET", "/ping").headers["X-Request-Id"]
+    assert len(generated) == 32
+    assert generated != server.request("GET", "/ping").headers["X-Request-Id"]
+
+
+def test_output_fn_may_set_custom_attributes(servers: Any, plugin_site: Any) -> None:
+    """A third item from ``output_fn`` adds headers, and its custom attributes win over the echo."""
+    plugin_site.add(
+        "attributes",
+        """
+        import inference_server
+
+        @inference_server.plugin_hook
+        def output_fn(prediction, accept):
+            return b"ok", "text/plain", {"X-Amzn-SageMaker-Custom-Attributes": "answered"}
+        """,
+    )
+    server = servers.start()
+    reply = server.request("POST", "/invocations", b"", {"X-Amzn-SageMaker-Custom-Attributes": "asked"})
+    assert reply.headers.get_all("X-Amzn-SageMaker-Custom-Attributes") == ["answered"]
+
+
+def test_two_plugin_packages_combine_hooks(servers: Any, plugin_site: Any) -> None:
+    """A shared JSON plugin and a model plugin in different packages serve together (the seed's tip)."""
+    plugin_site.add(
+        "json_codec",
+        """
+        import orjson
+        import inference_server
+
+        @inference_server.plugin_hook
+        def input_fn(input_data, content_type):
+            return orjson.loads(input_data)
+
+        @inference_server.plugin_hook
+        def output_fn(prediction, accept):
+            return orjson.dumps(prediction), "application/json"
+        """,
+    )
+    plugin_site.add(
+        "doubler",
+        """
+        import inference_server
+
+        @inference_server.plugin_hook
+        def model_fn(model_dir):
+            return lambda values: [2 * v for v in values]
+        """,
+    )
+    server = servers.start()
+    reply = server.request("POST", "/invocations", b"[1, 2, 3]", {"Content-Type": "application/json"})
+    assert (reply.status, reply.json()) == (200, [2, 4, 6])
+
+
+def test_chunked_request_body_is_read_whole(servers: Any) -> None:
+    """A ``Transfer-Encoding: chunked`` body reaches the hooks complete."""
+    server = servers.start(plugins=[])
+    parts = [b"a" * 100_000, b"b" * 3, b"c" * 70_000]
+    with contextlib.closing(server.connection()) as connection:
+        connection.request("POST", "/invocations", body=iter(parts), encode_chunked=True)
+        response = connection.getresponse()
+        assert response.status == 200
+        assert response.read() == b"".join(parts)
+
+
+def test_body_over_max_payload_is_413(servers: Any) -> None:
+    """A declared length over SAGEMAKER_MAX_PAYLOAD_IN_MB is refused with 413, and the server keeps serving."""
+    server = servers.start(plugins=[], env={"SAGEMAKER_MAX_PAYLOAD_IN_MB": "1"})
+    reply = server.request("POST", "/invocations", b"x" * (2 << 20))
+    assert reply.status == 413
+    assert "limit" in reply.json()["message"]
+    assert server.request("POST", "/invocations", b"small").body == b"small"
+
+
+def test_execution_parameters_from_environment(servers: Any) -> None:
+    """/execution-parameters reports SageMaker's variables, in SageMaker's JSON spelling."""
+    env = {
+        "SAGEMAKER_BATCH_STRATEGY": "SINGLE_RECORD",
+        "SAGEMAKER_MAX_CONCURRENT_TRANSFORMS": "4",
+        "SAGEMAKER_MAX_PAYLOAD_IN_MB": "20",
+    }
+    server = servers.start(plugins=[], env=env)
+    assert server.request("GET", "/execution-parameters").json() == {
+        "BatchStrategy": "SingleRecord",
+        "MaxConcurrentTransforms": 4,
+        "MaxPayloadInMB": 20,
+    }
+
+
+def test_execution_parameters_from_hooks(servers: Any, plugin_site: Any) -> None:
+    """Hooks override the environment's execution parameters."""
+    plugin_site.add(
+        "tuned",
+        """
+        import inference_server
+
+        @inference_server.plugin_hook
+        def batch_strategy():
+            return inference_server.BatchStrategy.SINGLE_RECORD
+
+        @inference_server.plugin_hook
+        def max_concurrent_transforms():
+            return 8
+
+        @inference_server.plugin_hook
+        def max_payload_in_mb():
+            return 12
+        """,
+    )
+    server = servers.start(env={"SAGEMAKER_MAX_CONCURRENT_TRANSFORMS": "2"})
+    assert server.request("GET", "/execution-parameters").json() == {
+        "BatchStrategy": "SingleRecord",
+        "MaxConcurrentTransforms": 8,
+        "MaxPayloadInMB": 12,
+    }
+
+
+class _Echo:
+    @plugin_hook
+    def output_fn(self, prediction: Any, accept: Any) -> tuple[bytes, str]:
+        return bytes(prediction), "application/octet-stream"
+
+
+def _app(*plugins: object) -> App:
+    return App(Settings(model_dir="/nonexistent"), _plugins.build_manager([], plugins))
+
+
+def test_app_is_wsgi_compliant() -> None:
+    """Every route, including errors and HEAD, passes ``wsgiref.validate``."""
+    client = werkzeug.test.Client(wsgiref.validate.validator(_app(_Echo())))
+    for method, path, status in [
+        ("GET", "/ping", 200),
+        ("HEAD", "/ping", 200),
+        ("POST", "/invocations", 200),
+        ("GET", "/execution-parameters", 200),
+        ("GET", "/missing", 404),
+        ("PUT", "/ping", 405),
+    ]:
+        with client.open(path, method=method, data=b"abc" if method == "POST" else None) as response:
+            assert response.status_code == status
+            if method in ("POST", "HEAD"):
+                assert response.get_data() == (b"abc" if method == "POST" else b"")
+
+
+def test_invalid_hook_value_is_a_start_up_error() -> None:
+    """An execution-parameter hook returning nonsense stops the app from being created."""
+
+    class Bad:
+        @plugin_hook
+        def max_payload_in_mb(self) -> Any:
+            return "lots"
+
+    with pytest.raises(ValueError, match="max_payload_in_mb returned 'lots'"):
+        _app(Bad())
+
+
+def test_truncated_body_is_400() -> None:
+    """A body shorter than its Content-Length is a 400 that says how much arrived."""
+    environ = werkzeug.test.EnvironBuilder(method="POST", path="/invocations").get_environ()
+    environ.update({"wsgi.input": io.BytesIO(b"abc"), "CONTENT_LENGTH": "10"})
+    statuses: list[str] = []
+    body = b"".join(_app()(environ, lambda status, headers: statuses.append(status)))  # type: ignore[arg-type,func-returns-value]
+    assert statuses == ["400 Bad Request"]
+    assert "ended after 3 of 10 bytes" in orjson.loads(body)["message"]
+
+
+def test_http_exceptions_from_werkzeug_keep_their_status() -> None:
+    """Any werkzeug HTTPException from a hook (here 409) keeps its status and description."""
+
+    class Conflict:
+        @plugin_hook
+        def predict_fn(self, data: Any, model: Any) -> Any:
+            raise werkzeug.exceptions.Conflict("already predicting")
+
+    response = werkzeug.test.Client(_app(Conflict())).post("/invocations", data=b"")
+    assert response.status_code == 409
+    assert response.json["message"] == "already predicting"
+    assert http.client.responses[409] in response.status
