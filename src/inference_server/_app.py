@@ -15,7 +15,7 @@ import werkzeug.exceptions
 import werkzeug.http
 from werkzeug.datastructures import MIMEAccept
 
-from inference_server import _model
+from inference_server import _model, _plugins
 from inference_server._settings import BatchStrategy, Settings
 from inference_server.errors import BadRequest, ConfigurationError, PayloadTooLarge
 
@@ -204,3 +204,13 @@ def read_body(environ: WSGIEnvironment, limit: int | None) -> bytearray:
         if limit is not None and len(buffer) > limit:
             raise PayloadTooLarge(f"the chunked body passed the limit (MaxPayloadInMB) of {limit} bytes")
     return buffer
+
+
+def create_app(*, model_dir: str | None = None) -> App:
+    """Return the WSGI application, configured from the environment (``model_dir`` overrides it)."""
+    return App(Settings.from_env(model_dir=model_dir), _plugins.manager())
+
+
+def warmup(*, model_dir: str | None = None) -> Any:
+    """Load the model now (once per process) instead of on the first request; return it."""
+    return create_app(model_dir=model_dir).model()

@@ -8,7 +8,8 @@ import os
 import sys
 from collections.abc import Sequence
 
-from inference_server import __version__, _plugins
+import inference_server
+from inference_server import _plugins
 from inference_server._app import App
 from inference_server._settings import MODEL_DIR_ENV, Settings
 from inference_server.errors import ConfigurationError, PluginError
@@ -21,7 +22,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="inference-server",
         description="Serve a model package over HTTP with the Amazon SageMaker container contract.",
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {inference_server.__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     serve = commands.add_parser(
         "serve",

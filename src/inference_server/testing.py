@@ -77,9 +77,7 @@ def predict(
     accept = "*/*"
     if deserializer is not None:
         accept = deserializer.ACCEPT if isinstance(deserializer.ACCEPT, str) else ", ".join(deserializer.ACCEPT)
-    response = post_invocations(
-        model_dir=model_dir, data=body, content_type=content_type, headers={"Accept": accept}
-    )
+    response = post_invocations(model_dir=model_dir, data=body, content_type=content_type, headers={"Accept": accept})
     if response.status_code != 200:
         raise AssertionError(f"POST /invocations answered {response.status}: {_message(response.data)}")
     if deserializer is None:

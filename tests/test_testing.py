@@ -1,0 +1,80 @@
+"""The testing kit for model authors, used in-process on the installed shipping forecast plugin."""
+
+import io
+import json
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+import shipping_forecast
+
+from inference_server import testing
+
+
+class JSONSerializer:
+    CONTENT_TYPE = "application/json"
+
+    def serialize(self, data: Any) -> str:
+        return json.dumps(data)
+
+
+class JSONDeserializer:
+    ACCEPT = ("application/json",)
+
+    def deserialize(self, stream: io.BytesIO, content_type: str) -> Any:
+        assert content_type == "application/json"
+        return json.load(stream)
+
+
+def test_predict_with_sdk_style_serializers() -> None:
+    """``predict`` serializes, runs every hook and deserializes, like the SageMaker SDK's Predictor."""
+    prediction = testing.predict({"location": "Viking"}, serializer=JSONSerializer(), deserializer=JSONDeserializer())
+    assert prediction["weather"] == "Thundery showers."
+
+
+def test_predict_without_serializers_passes_bytes() -> None:
+    """Without serializer and deserializer, bytes go in and come out."""
+    assert testing.predict(b'{"location": "Forties"}').startswith(b'{"wind"')
+
+
+def test_predict_raises_with_status_and_message() -> None:
+    """A failing request raises AssertionError carrying the status and the server's message."""
+    with pytest.raises(AssertionError, match=r"answered 500 Internal Server Error: The server encountered an internal"):
+        testing.predict(b"not json")
+
+
+def test_post_invocations_returns_any_status() -> None:
+    """``post_invocations`` returns the response whatever its status."""
+    assert testing.post_invocations(data=b"{}", content_type="application/json").status_code == 500
+    response = testing.post_invocations(json={"location": "Fisher"})
+    assert (response.status_code, response.json["wind"][:5]) == (200, "South")
+
+
+def test_client_serves_every_route() -> None:
+    """``client()`` is a werkzeug test client of the whole app."""
+    client = testing.client()
+    assert client.get("/ping").status_code == 200
+    assert client.get("/execution-parameters").json["BatchStrategy"] == "MultiRecord"
+
+
+def test_registration_checks() -> None:
+    """The plugin is registered and its hooks are valid; a stray function is not."""
+    assert testing.plugin_is_registered(shipping_forecast)
+    assert testing.hookimpl_is_valid(shipping_forecast.model_fn)
+    assert not testing.hookimpl_is_valid(shipping_forecast._predict_weather)
+    assert testing.plugin_manager() is testing.plugin_manager()
+
+
+def test_importable_without_pytest() -> None:
+    """The kit imports in a process where pytest cannot be imported."""
+    code = "import sys; sys.modules['pytest'] = None; import inference_server.testing as t; print(t.predict(b'x'))"
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"INFERENCE_SERVER_PLUGINS": "", "PATH": ""},
+        check=False,
+    )
+    assert result.stdout.strip() == "b'x'", result.stderr
