@@ -15,7 +15,7 @@ import werkzeug.exceptions
 import werkzeug.http
 from werkzeug.datastructures import MIMEAccept
 
-from inference_server import _model, _plugins
+from inference_server import _model, _plugins, codecs
 from inference_server._settings import BatchStrategy, Settings
 from inference_server.errors import BadRequest, ConfigurationError, PayloadTooLarge
 
@@ -25,8 +25,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger("inference_server")
 
 Headers = list[tuple[str, str]]
-#: What a route handler returns: status code, headers, body as a list of bytes.
-Reply = tuple[int, Headers, list[bytes]]
+#: What a route handler returns: status code, headers, body as a list of bytes-like buffers.
+Reply = tuple[int, Headers, list[codecs.Buffer]]
 Handler = Callable[["WSGIEnvironment", str], Reply]
 
 _STATUS_LINES = {status.value: f"{status.value} {status.phrase}" for status in http.HTTPStatus}
@@ -59,12 +59,15 @@ def execution_parameters(pm: pluggy.PluginManager) -> dict[str, Any]:
 class App:
     """The inference-server WSGI application for one set of settings and plugins."""
 
-    def __init__(self, settings: Settings, pm: pluggy.PluginManager) -> None:
+    def __init__(self, settings: Settings, pm: pluggy.PluginManager, *, bytes_only: bool = True) -> None:
         self.settings = settings
         self.pm = pm
+        #: Copy body buffers to ``bytes`` as PEP 3333 requires; False hands servers the arrays' own memory.
+        self.bytes_only = bytes_only
         self.execution_parameters = execution_parameters(pm)
         mb = self.execution_parameters["MaxPayloadInMB"]
         self.max_body = mb * _MB if mb else None
+        codecs.set_limits(codecs.Limits.for_payload(mb))
         self._routes: dict[str, dict[str, Handler]] = {
             "/ping": {"GET": self._ping},
             "/invocations": {"POST": self._invocations},
@@ -75,7 +78,8 @@ class App:
         """The loaded model (loading it now if needed)."""
         return _model.get_model(self.pm, self.settings.model_dir)
 
-    def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+    def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[codecs.Buffer]:
+        """Answer one request; with ``bytes_only=False`` the body items are buffers (an array's own memory)."""
         request_id = environ.get("HTTP_X_REQUEST_ID", "")
         if not _REQUEST_ID.fullmatch(request_id):
             request_id = uuid.uuid4().hex
@@ -92,7 +96,11 @@ class App:
         if custom_attributes is not None and not any(k.lower() == CUSTOM_ATTRIBUTES.lower() for k, _ in headers):
             headers.append((CUSTOM_ATTRIBUTES, custom_attributes))
         start_response(_STATUS_LINES.get(status, f"{status} Unknown"), headers)
-        return [] if method == "HEAD" else body
+        if method == "HEAD":
+            return []
+        if self.bytes_only:
+            return [chunk if isinstance(chunk, bytes) else bytes(chunk) for chunk in body]
+        return body
 
     def _dispatch(self, environ: WSGIEnvironment, method: str, request_id: str) -> Reply:
         methods = self._routes.get(environ.get("PATH_INFO") or "/")
@@ -139,18 +147,17 @@ def _output_reply(result: Any) -> Reply:
     content, content_type = result[0], result[1]
     extra: Mapping[str, str] = result[2] if len(result) == 3 else {}
     chunks = _as_chunks(content)
-    headers = [("Content-Type", str(content_type)), ("Content-Length", str(sum(len(c) for c in chunks)))]
+    length = sum(memoryview(chunk).nbytes for chunk in chunks)
+    headers = [("Content-Type", str(content_type)), ("Content-Length", str(length))]
     headers.extend((str(k), str(v)) for k, v in extra.items())
     return 200, headers, chunks
 
 
-def _as_chunks(content: Any) -> list[bytes]:
-    if isinstance(content, bytes):
+def _as_chunks(content: Any) -> list[codecs.Buffer]:
+    if isinstance(content, (bytes, bytearray, memoryview)):
         return [content]
     if isinstance(content, str):
         return [content.encode()]
-    if isinstance(content, (bytearray, memoryview)):
-        return [bytes(content)]
     if isinstance(content, (list, tuple)):
         return [chunk for item in content for chunk in _as_chunks(item)]
     raise TypeError(f"output_fn returned a body of type {type(content).__name__}; expected bytes-like or str")
@@ -187,13 +194,19 @@ def read_body(environ: WSGIEnvironment, limit: int | None) -> bytearray:
             raise PayloadTooLarge(f"the body is {length} bytes; the limit (MaxPayloadInMB) is {limit} bytes")
         buffer = bytearray(length)
         view = memoryview(buffer)
+        readinto = getattr(stream, "readinto", None)
         position = 0
         while position < length:
-            chunk = stream.read(min(length - position, _READ_BLOCK))
-            if not chunk:
+            end = min(length, position + _READ_BLOCK)
+            if readinto is not None:
+                count = readinto(view[position:end])
+            else:
+                chunk = stream.read(end - position)
+                count = len(chunk)
+                view[position : position + count] = chunk
+            if not count:
                 raise BadRequest(f"the body ended after {position} of {length} bytes (Content-Length)")
-            view[position : position + len(chunk)] = chunk
-            position += len(chunk)
+            position += count
         return buffer
     chunked = "chunked" in environ.get("HTTP_TRANSFER_ENCODING", "").lower()
     if not (chunked or environ.get("wsgi.input_terminated")):

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
-import orjson
 from werkzeug.datastructures import MIMEAccept
 
-from inference_server import _settings
+from inference_server import _settings, codecs
 from inference_server._plugins import plugin_hook
-from inference_server.errors import NotAcceptable
 
 
 def _identity(data: Any) -> Any:
@@ -24,8 +23,10 @@ def model_fn(model_dir: str) -> Any:
 
 @plugin_hook(trylast=True)
 def input_fn(input_data: bytes, content_type: str) -> Any:
-    """Pass the body through unchanged."""
-    return input_data
+    """Decode the body with the codec for its media type; a type no codec knows passes through as bytes."""
+    if codecs.lookup(content_type) is None:
+        return input_data
+    return codecs.loads(input_data, content_type)
 
 
 @plugin_hook(trylast=True)
@@ -36,12 +37,15 @@ def predict_fn(data: Any, model: Any) -> Any:
 
 @plugin_hook(trylast=True)
 def output_fn(prediction: Any, accept: MIMEAccept) -> tuple[Any, str]:
-    """Bytes pass through as ``application/octet-stream``; anything else is sent as JSON."""
+    """Encode with the best codec ``accept`` allows for the prediction; bytes pass through as octet-stream.
+
+    When the client accepts anything, ``SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT`` wins, else the prediction's natural
+    format: ndarray -> npy, dict of arrays -> npz, Arrow table -> Arrow stream, anything else -> JSON.
+    """
     if isinstance(prediction, (bytes, bytearray, memoryview)):
         return prediction, "application/octet-stream"
-    if accept.accept_json:
-        return orjson.dumps(prediction, option=orjson.OPT_SERIALIZE_NUMPY), "application/json"
-    raise NotAcceptable(f"can only send application/json for a {type(prediction).__name__} prediction")
+    codec = codecs.negotiate(accept, prediction, default=os.environ.get("SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT"))
+    return codec.encode(prediction), codec.media_type
 
 
 @plugin_hook(trylast=True)

@@ -1,0 +1,222 @@
+"""The one place that maps a media type to a codec, and content negotiation over it."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import struct
+import threading
+import zlib
+from collections.abc import Iterable
+from typing import Any, ClassVar
+
+from inference_server.errors import DecodeError, NotAcceptable, UnsupportedMediaType
+
+#: A piece of a body: the concatenation of an ``encode`` result is the body.
+Buffer = bytes | bytearray | memoryview
+
+GiB = 1 << 30
+MiB = 1 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """Bounds that decoders enforce on hostile input."""
+
+    #: Most members an ``.npz`` archive may have.
+    max_archive_members: int = 4096
+    #: Most bytes the members of an archive may inflate to (a zip bomb is refused before inflating).
+    max_decompressed_bytes: int = GiB
+
+    @classmethod
+    def for_payload(cls, max_payload_in_mb: int) -> Limits:
+        """The defaults for a server whose bodies are at most ``max_payload_in_mb`` (the larger of 1 GiB and 10x)."""
+        return cls(max_decompressed_bytes=max(GiB, 10 * max_payload_in_mb * MiB))
+
+
+class Codec:
+    """Encodes Python objects to bodies of one media type and decodes them back.
+
+    Subclasses set ``media_type`` (lower case, no parameters) and implement ``decode``, ``encode`` and
+    ``can_encode``; ``natural_for`` says whether this is the format to send for an object when the client accepts
+    anything. A codec whose optional library is missing raises :class:`UnsupportedMediaType` naming the extra.
+    """
+
+    media_type: ClassVar[str]
+
+    def decode(self, data: Buffer, limits: Limits) -> Any:
+        """Decode a whole body; invalid input raises :class:`DecodeError` saying what was wrong."""
+        raise NotImplementedError
+
+    def encode(self, obj: Any) -> list[Buffer]:
+        """Encode ``obj``; the body is the concatenation of the returned buffers (no copy of array data)."""
+        raise NotImplementedError
+
+    def can_encode(self, obj: Any) -> bool:
+        """Whether ``encode(obj)`` would work."""
+        raise NotImplementedError
+
+    def natural_for(self, obj: Any) -> bool:
+        """Whether this is the format to pick for ``obj`` when the client accepts anything."""
+        return False
+
+    def available(self) -> bool:
+        """Whether the libraries this codec needs are installed."""
+        return True
+
+    def install_hint(self) -> str:
+        """How to install what this codec needs, when it is not :meth:`available`."""
+        return ""
+
+
+_codecs: dict[str, Codec] = {}
+_lock = threading.Lock()
+
+
+def register(codec: Codec, *, replace: bool = False) -> Codec:
+    """Add ``codec`` for its media type; a plugin calls this at import time to add or replace a format."""
+    media_type = codec.media_type.lower()
+    with _lock:
+        if media_type in _codecs and not replace:
+            raise ValueError(f"a codec for {media_type} is registered already; pass replace=True to replace it")
+        _codecs[media_type] = codec
+    return codec
+
+
+def media_types() -> list[str]:
+    """The registered media types, in registration order."""
+    return list(_codecs)
+
+
+@functools.lru_cache(maxsize=256)
+def bare(media_type: str) -> str:
+    """``'Application/X-NPY; charset=binary'`` -> ``'application/x-npy'``."""
+    return media_type.split(";", 1)[0].strip().lower()
+
+
+def lookup(media_type: str) -> Codec | None:
+    """The codec for a media type (case-insensitive, parameters ignored), or ``None``."""
+    return _codecs.get(bare(media_type))
+
+
+def codec_for(media_type: str) -> Codec:
+    """The codec for a media type, or :class:`UnsupportedMediaType` listing the supported ones."""
+    codec = lookup(media_type)
+    if codec is None:
+        raise UnsupportedMediaType(f"cannot decode {media_type!r}; supported: {', '.join(_codecs)}")
+    return codec
+
+
+#: Exceptions that malformed input can raise inside third-party parsers; they become DecodeError.
+_INPUT_ERRORS = (ValueError, TypeError, IndexError, KeyError, OverflowError, struct.error, zlib.error, EOFError)
+
+
+def loads(data: Buffer, media_type: str, limits: Limits | None = None) -> Any:
+    """Decode a body of ``media_type``; zero-copy for ``.npy``, stored ``.npz`` members and Arrow."""
+    codec = codec_for(media_type)
+    try:
+        return codec.decode(data, limits or current_limits())
+    except (DecodeError, UnsupportedMediaType):
+        raise
+    except _INPUT_ERRORS as exc:
+        raise DecodeError(f"invalid {codec.media_type} body: {exc}") from None
+
+
+def encode(obj: Any, media_type: str) -> list[Buffer]:
+    """Encode ``obj`` as ``media_type``: a list of buffers whose concatenation is the body."""
+    codec = lookup(media_type)
+    if codec is None:
+        raise NotAcceptable(f"cannot encode {media_type!r}; supported: {', '.join(_codecs)}")
+    return codec.encode(obj)
+
+
+def dumps(obj: Any, media_type: str) -> bytes:
+    """Encode ``obj`` as ``media_type`` into one ``bytes`` (one copy of the data)."""
+    return b"".join(encode(obj, media_type))
+
+
+_limits = Limits()
+
+
+def set_limits(limits: Limits) -> None:
+    """Set the decoding limits for this process (the server sets them from ``MaxPayloadInMB``)."""
+    global _limits
+    _limits = limits
+
+
+def current_limits() -> Limits:
+    """The decoding limits in force."""
+    return _limits
+
+
+@functools.lru_cache(maxsize=256)
+def _parse_accept(accept: str) -> tuple[tuple[str, str, float], ...]:
+    ranges = []
+    for item in accept.split(","):
+        parts = item.split(";")
+        media_range = parts[0].strip().lower()
+        if not media_range:
+            continue
+        type_, _, subtype = media_range.partition("/")
+        quality = 1.0
+        for parameter in parts[1:]:
+            name, _, value = parameter.partition("=")
+            if name.strip().lower() == "q":
+                try:
+                    quality = min(max(float(value), 0.0), 1.0)
+                except ValueError:
+                    quality = 0.0
+        ranges.append((type_, subtype or "*", quality))
+    return tuple(ranges)
+
+
+def quality(accept: str, media_type: str) -> float:
+    """How much ``accept`` wants ``media_type``: the q of the most specific matching range (RFC 9110 12.5.1)."""
+    type_, _, subtype = media_type.partition("/")
+    best, best_specificity = 0.0, -1
+    for range_type, range_subtype, q in _parse_accept(accept or "*/*"):
+        if range_type == type_ and range_subtype == subtype:
+            specificity = 2
+        elif range_type == type_ and range_subtype == "*":
+            specificity = 1
+        elif range_type == "*":
+            specificity = 0
+        else:
+            continue
+        if specificity > best_specificity:
+            best, best_specificity = q, specificity
+    return best
+
+
+def negotiate(accept: str | Iterable[tuple[str, float]] | None, obj: Any = None, default: str | None = None) -> Codec:
+    """Pick the codec to send ``obj`` with, for an ``Accept`` value (a header string or werkzeug's MIMEAccept).
+
+    The highest q wins; ties go to ``default`` (``SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT``), then to the natural
+    format of ``obj`` (ndarray: npy, dict of arrays: npz, Table: Arrow, else JSON). Nothing acceptable: 406.
+    """
+    header = _header(accept)
+    candidates = [codec for codec in _codecs.values() if codec.available() and codec.can_encode(obj)]
+    default_codec = lookup(default) if default else None
+    preference = sorted(
+        candidates, key=lambda codec: (codec is not default_codec, not codec.natural_for(obj))
+    )  # stable: registration order breaks the remaining ties
+    best, best_q = None, 0.0
+    for codec in preference:
+        q = quality(header, codec.media_type)
+        if q > best_q:
+            best, best_q = codec, q
+    if best is None:
+        offered = ", ".join(codec.media_type for codec in preference) or "nothing"
+        missing = [codec for codec in _codecs.values() if not codec.available() and quality(header, codec.media_type)]
+        hint = "".join(f"; {codec.media_type} needs {codec.install_hint()}" for codec in missing)
+        raise NotAcceptable(f"cannot send a {type(obj).__name__} as {header!r}; it can be sent as: {offered}{hint}")
+    return best
+
+
+def _header(accept: str | Iterable[tuple[str, float]] | None) -> str:
+    if accept is None:
+        return "*/*"
+    if isinstance(accept, str):
+        return accept or "*/*"
+    header = ", ".join(f"{value};q={q}" for value, q in accept)
+    return header or "*/*"
