@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import orjson
 import pluggy
@@ -16,6 +16,9 @@ import werkzeug.test
 
 import inference_server
 from inference_server import _plugins
+
+if TYPE_CHECKING:
+    from _typeshed.wsgi import WSGIApplication
 
 __all__ = [
     "client",
@@ -45,7 +48,8 @@ class Deserializer(Protocol):
 
 def client(*, model_dir: str | None = None) -> werkzeug.test.Client:
     """A :class:`werkzeug.test.Client` for the inference-server app, with the installed plugins."""
-    return werkzeug.test.Client(inference_server.create_app(model_dir=model_dir))
+    app = inference_server.create_app(model_dir=model_dir)  # bytes_only: its body items are bytes, as PEP 3333 says
+    return werkzeug.test.Client(cast("WSGIApplication", app))
 
 
 def post_invocations(*, model_dir: str | None = None, **request_kwargs: Any) -> werkzeug.test.TestResponse:

@@ -69,7 +69,9 @@ class ArrowCodec(Codec):
         buffer = pa.py_buffer(data)
         try:
             reader = pa.ipc.open_stream(buffer) if self.stream else pa.ipc.open_file(buffer)
-            return reader.read_all()
+            table = reader.read_all()
+            table.validate(full=True)  # offsets and lengths inside the body: never read out of bounds later
+            return table
         except (pa.ArrowException, ValueError, OSError) as exc:
             raise DecodeError(f"invalid {self.media_type} body: {exc}") from None
 

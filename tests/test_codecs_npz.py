@@ -1,0 +1,118 @@
+"""The npz codec: named arrays both ways, interop with np.savez, and bounded decompression."""
+
+import io
+import struct
+import time
+import zipfile
+import zlib
+
+import numpy as np
+import pytest
+
+from inference_server import codecs
+from inference_server.errors import DecodeError
+
+NPZ = "application/x-npz"
+
+
+def test_reads_savez_and_savez_compressed_in_order() -> None:
+    """np.savez and np.savez_compressed archives decode to plain dicts in archive order."""
+    for save in (np.savez, np.savez_compressed):
+        buffer = io.BytesIO()
+        save(buffer, scores=np.arange(3), conf=np.eye(2, dtype=np.float32), explains=np.array(["x", "y"]))
+        result = codecs.loads(buffer.getvalue(), NPZ)
+        assert type(result) is dict
+        assert list(result) == ["scores", "conf", "explains"]
+        assert result["conf"].dtype == np.float32
+        assert result["explains"].tolist() == ["x", "y"]
+
+
+def test_np_load_reads_ours() -> None:
+    """Our archive loads in np.load with every name, dtype and value."""
+    arrays = {"a": np.arange(5, dtype=">i8"), "b": np.asfortranarray(np.ones((2, 3))), "c": np.array(2.5)}
+    with np.load(io.BytesIO(codecs.dumps(arrays, NPZ)), allow_pickle=False) as loaded:
+        assert loaded.files == ["a", "b", "c"]
+        for name, array in arrays.items():
+            assert loaded[name].dtype == array.dtype
+            assert np.array_equal(loaded[name], array)
+
+
+def test_sequences_and_single_arrays_are_named_like_savez() -> None:
+    """A tuple becomes arr_0, arr_1...; a single array arr_0."""
+    assert list(codecs.loads(codecs.dumps((np.zeros(1), np.ones(2)), NPZ), NPZ)) == ["arr_0", "arr_1"]
+    assert list(codecs.loads(codecs.dumps(np.zeros(1), NPZ), NPZ)) == ["arr_0"]
+
+
+def test_stored_members_are_views_and_encode_does_not_copy() -> None:
+    """Stored members decode as views on the body; encoding hands out the arrays' own memory."""
+    array = np.arange(10_000, dtype=np.float64)
+    parts = codecs.encode({"x": array}, NPZ)
+    assert any(isinstance(p, memoryview) and np.shares_memory(np.frombuffer(p, np.uint8), array) for p in parts)
+    body = bytearray(b"".join(parts))
+    decoded = codecs.loads(body, NPZ)["x"]
+    assert np.shares_memory(decoded, np.frombuffer(body, np.uint8))
+
+
+def _bomb(size: int, declared: int | None = None) -> bytes:
+    """A zip with one deflated npy member of ``size`` zero bytes that declares ``declared`` (default: honest)."""
+    buffer = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buffer, {"descr": "|u1", "fortran_order": False, "shape": (size - 128,)})
+    deflate = zlib.compressobj(9, zlib.DEFLATED, -15)
+    compressed = deflate.compress(buffer.getvalue().ljust(128, b" "))
+    zeros = bytes(1 << 20)
+    for start in range(128, size, len(zeros)):
+        compressed += deflate.compress(zeros[: min(len(zeros), size - start)])
+    compressed += deflate.flush()
+    name, stated = b"bomb.npy", size if declared is None else declared
+    local = struct.pack(zipfile.structFileHeader, b"PK\x03\x04", 20, 0, 0, 8, 0, 0, 0, len(compressed), stated,
+                        len(name), 0)  # fmt: skip
+    central = struct.pack(zipfile.structCentralDir, b"PK\x01\x02", 20, 0, 20, 0, 0, 8, 0, 0, 0, len(compressed),
+                          stated, len(name), 0, 0, 0, 0, 0, 0)  # fmt: skip
+    offset = len(local) + len(name) + len(compressed)
+    end = struct.pack(zipfile.structEndArchive, b"PK\x05\x06", 0, 0, 1, 1, len(central) + len(name), offset, 0)
+    return local + name + compressed + central + name + end
+
+
+def test_zip_bomb_is_refused_before_inflating() -> None:
+    """A member declaring more than the limit is refused at once, without inflating anything."""
+    body = _bomb(64 << 20)
+    started = time.perf_counter()
+    with pytest.raises(DecodeError, match=r"would inflate to 67108864 bytes; at most 1048576"):
+        codecs.loads(body, NPZ, codecs.Limits(max_decompressed_bytes=1 << 20))
+    assert time.perf_counter() - started < 1
+
+
+def test_member_inflating_beyond_its_declared_size_is_refused() -> None:
+    """A member lying about its size is stopped as soon as it inflates past the declared size."""
+    with pytest.raises(DecodeError, match="inflates beyond its declared 1000 bytes"):
+        codecs.loads(_bomb(8 << 20, declared=1000), NPZ)
+
+
+def test_member_count_is_bounded() -> None:
+    """More members than the limit are refused before any is read."""
+    body = codecs.dumps({f"m{i}": np.zeros(1) for i in range(20)}, NPZ)
+    with pytest.raises(DecodeError, match="has 20 members; at most 10"):
+        codecs.loads(body, NPZ, codecs.Limits(max_archive_members=10))
+
+
+def test_pickle_inside_an_archive_is_refused() -> None:
+    """An object-dtype member is a DecodeError naming the member."""
+    buffer = io.BytesIO()
+    np.savez(buffer, ok=np.zeros(2), evil=np.array([{}], dtype=object))
+    with pytest.raises(DecodeError, match=r"npz member 'evil\.npy': npy data of object dtype is refused"):
+        codecs.loads(buffer.getvalue(), NPZ)
+
+
+@pytest.mark.parametrize(
+    ("mangle", "message"),
+    [
+        (lambda body: body[:-30], "no zip end-of-central-directory record|central directory"),
+        (lambda body: body[100:], "beyond the end|corrupt|truncated"),
+        (lambda body: b"not a zip at all", "no zip end-of-central-directory record"),
+    ],
+)
+def test_broken_archives_say_what_is_wrong(mangle, message) -> None:  # type: ignore[no-untyped-def]
+    """Truncated or foreign bodies are DecodeErrors with a message about the archive."""
+    body = codecs.dumps({"a": np.arange(100)}, NPZ)
+    with pytest.raises(DecodeError, match=message):
+        codecs.loads(mangle(body), NPZ)
