@@ -4,18 +4,23 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import io
 import os
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
+import zipfile
+import zlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from inference_server import _model
@@ -63,6 +68,40 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def _npz_bomb(mebibytes: int, declared: int | None = None) -> bytes:
+    """A zip whose one deflated npy member inflates to 128 bytes + ``mebibytes`` MiB of zeros, declaring
+    ``declared`` bytes (default: the truth). Built in milliseconds: after a full flush, deflating the same MiB
+    gives the same bytes, so one compressed MiB is repeated."""
+    size = 128 + (mebibytes << 20)
+    buffer = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buffer, {"descr": "|u1", "fortran_order": False, "shape": (size - 128,)})
+    deflate = zlib.compressobj(9, zlib.DEFLATED, -15)
+    head = deflate.compress(buffer.getvalue().ljust(128, b" ")) + deflate.flush(zlib.Z_FULL_FLUSH)
+    block = deflate.compress(bytes(1 << 20)) + deflate.flush(zlib.Z_FULL_FLUSH)
+    compressed = head + block * mebibytes + deflate.flush()
+    crc, zeros = zlib.crc32(buffer.getvalue().ljust(128, b" ")), bytes(1 << 20)
+    for _ in range(mebibytes):
+        crc = zlib.crc32(zeros, crc)
+    name, stated = b"bomb.npy", size if declared is None else declared
+    zip64 = stated >= 0xFFFFFFFF
+    extra = struct.pack("<HHQQ", 1, 16, stated, len(compressed)) if zip64 else b""
+    stated32 = 0xFFFFFFFF if zip64 else stated
+    local = struct.pack(zipfile.structFileHeader, b"PK\x03\x04", 45, 0, 0, 8, 0, 0, crc, len(compressed), stated32,
+                        len(name), len(extra))  # fmt: skip
+    central = struct.pack(zipfile.structCentralDir, b"PK\x01\x02", 45, 0, 45, 0, 0, 8, 0, 0, crc, len(compressed),
+                          stated32, len(name), len(extra), 0, 0, 0, 0, 0)  # fmt: skip
+    offset = len(local) + len(name) + len(extra) + len(compressed)
+    directory = central + name + extra
+    end = struct.pack(zipfile.structEndArchive, b"PK\x05\x06", 0, 0, 1, 1, len(directory), offset, 0)
+    return local + name + extra + compressed + directory + end
+
+
+@pytest.fixture
+def npz_bomb() -> Callable[..., bytes]:
+    """Makes npz zip bombs: ``npz_bomb(size, declared=None)``."""
+    return _npz_bomb
 
 
 @pytest.fixture

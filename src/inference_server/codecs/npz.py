@@ -151,8 +151,9 @@ def decode_npz(data: Buffer, limits: Limits) -> dict[str, np.ndarray[Any, Any]]:
         key = member.name.removesuffix(".npy")
         if key in arrays:
             raise DecodeError(f"npz archive has two members named {member.name!r}")
+        member_data = _member_data(view, member, limits.max_decompressed_bytes)
         try:
-            arrays[key] = decode_npy(_member_data(view, member, limits.max_decompressed_bytes))
+            arrays[key] = decode_npy(member_data)
         except DecodeError as exc:
             raise DecodeError(f"npz member {member.name!r}: {exc.description}") from None
     return arrays
