@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import math
 import re
 import struct
 from typing import Any
@@ -48,6 +49,18 @@ def _listify(descr: Any) -> Any:
     if isinstance(descr, list):
         return [_listify(item) for item in descr]
     return descr
+
+
+@functools.lru_cache(maxsize=1024)
+def _layout(raw: bytes, utf8: bool) -> tuple[np.dtype[Any], bool, tuple[int, ...], int]:
+    """dtype, fortran order, shape and element count of a raw header; cached, as a server sees the same few
+    headers again and again."""
+    try:
+        text = raw.decode("utf-8" if utf8 else "latin-1")
+    except UnicodeDecodeError:
+        raise DecodeError("npy header is not valid UTF-8") from None
+    dtype, fortran_order, shape = _parse_header(text)
+    return dtype, fortran_order, shape, math.prod(shape)
 
 
 def _parse_header(header: str) -> tuple[np.dtype[Any], bool, tuple[int, ...]]:
@@ -94,22 +107,14 @@ def decode_npy(data: Buffer) -> np.ndarray[Any, Any]:
     end = start + header_length
     if end > view.nbytes:
         raise DecodeError(f"npy body is truncated: the header needs {end} bytes, the body has {view.nbytes}")
-    try:
-        header = bytes(view[start:end]).decode("utf-8" if major == 3 else "latin-1")
-    except UnicodeDecodeError:
-        raise DecodeError("npy header is not valid UTF-8") from None
-    dtype, fortran_order, shape = _parse_header(header)
-    count = 1
-    for n in shape:
-        count *= n
+    dtype, fortran_order, shape, count = _layout(bytes(view[start:end]), major == 3)
     expected = count * dtype.itemsize
     available = view.nbytes - end
     if expected != available:
         raise DecodeError(f"npy header declares {expected} bytes of {dtype} data (shape {shape}), body has {available}")
     if count == 0 or dtype.itemsize == 0:
         return np.empty(shape, dtype)
-    array = np.frombuffer(view, dtype=dtype, count=count, offset=end)
-    return array.reshape(shape, order="F" if fortran_order else "C")
+    return np.ndarray(shape, dtype, buffer=view, offset=end, order="F" if fortran_order else "C")
 
 
 @functools.lru_cache(maxsize=512)
@@ -117,6 +122,7 @@ def _descr(dtype: np.dtype[Any]) -> str:
     return repr(np.lib.format.dtype_to_descr(dtype))
 
 
+@functools.lru_cache(maxsize=1024)
 def header(dtype: np.dtype[Any], shape: tuple[int, ...], fortran_order: bool) -> bytes:
     """The ``.npy`` header (magic, version, length, padded dict) for an array of this layout."""
     text = f"{{'descr': {_descr(dtype)}, 'fortran_order': {fortran_order}, 'shape': {shape!r}, }}"
@@ -148,8 +154,12 @@ def encode_npy(obj: Any) -> list[Buffer]:
     head = header(array.dtype, array.shape, fortran_order)
     if array.size == 0 or array.dtype.itemsize == 0:
         return [head]
-    flat: np.ndarray[Any, Any] = (array.T if fortran_order else array).reshape(-1).view(np.uint8)
-    return [head, flat.data]
+    ordered = array.T if fortran_order else array
+    try:
+        return [head, memoryview(ordered).cast("B")]
+    except (TypeError, ValueError, NotImplementedError):  # dtypes without a buffer format (datetime64, ...)
+        flat: np.ndarray[Any, Any] = ordered.reshape(-1).view(np.uint8)
+        return [head, flat.data]
 
 
 def _array_like(obj: Any) -> bool:
