@@ -114,7 +114,8 @@ def decode_npy(data: Buffer) -> np.ndarray[Any, Any]:
         raise DecodeError(f"npy header declares {expected} bytes of {dtype} data (shape {shape}), body has {available}")
     if count == 0 or dtype.itemsize == 0:
         return np.empty(shape, dtype)
-    return np.ndarray(shape, dtype, buffer=view, offset=end, order="F" if fortran_order else "C")
+    array: np.ndarray[Any, Any] = np.ndarray(shape, dtype, buffer=view, offset=end, order="F" if fortran_order else "C")
+    return array
 
 
 @functools.lru_cache(maxsize=512)
@@ -154,9 +155,9 @@ def encode_npy(obj: Any) -> list[Buffer]:
     head = header(array.dtype, array.shape, fortran_order)
     if array.size == 0 or array.dtype.itemsize == 0:
         return [head]
-    ordered = array.T if fortran_order else array
+    ordered: np.ndarray[Any, Any] = array.T if fortran_order else array
     try:
-        return [head, memoryview(ordered).cast("B")]
+        return [head, memoryview(ordered).cast("B")]  # type: ignore[arg-type]  # ndarray exports a buffer
     except (TypeError, ValueError, NotImplementedError):  # dtypes without a buffer format (datetime64, ...)
         flat: np.ndarray[Any, Any] = ordered.reshape(-1).view(np.uint8)
         return [head, flat.data]
