@@ -86,11 +86,8 @@ class App:
         method = environ["REQUEST_METHOD"]
         try:
             status, headers, body = self._dispatch(environ, method, request_id)
-        except werkzeug.exceptions.HTTPException as exc:
-            status, headers, body = _error_reply(exc, request_id)
-        except Exception:
-            logger.exception("Request %s %s %s failed", request_id, method, environ.get("PATH_INFO"))
-            status, headers, body = _error_reply(werkzeug.exceptions.InternalServerError(), request_id)
+        except Exception as exc:
+            status, headers, body = _error_for(exc, request_id, environ)
         headers.append(("X-Request-Id", request_id))
         custom_attributes = environ.get("HTTP_X_AMZN_SAGEMAKER_CUSTOM_ATTRIBUTES")
         if custom_attributes is not None and not any(k.lower() == CUSTOM_ATTRIBUTES.lower() for k, _ in headers):
@@ -103,7 +100,10 @@ class App:
         return body
 
     def _dispatch(self, environ: WSGIEnvironment, method: str, request_id: str) -> Reply:
-        methods = self._routes.get(environ.get("PATH_INFO") or "/")
+        path = environ.get("PATH_INFO") or "/"
+        methods = self._routes.get(path)
+        if methods is None and path.startswith("/endpoints/") and path.endswith("/invocations"):
+            methods = {"POST": self._runtime_invocations}  # SageMaker Runtime's InvokeEndpoint, any endpoint name
         if methods is None:
             raise werkzeug.exceptions.NotFound(f"no such path: the routes are {', '.join(self._routes)}")
         handler = methods.get("GET" if method == "HEAD" else method)
@@ -127,6 +127,28 @@ class App:
 
     def _execution_parameters(self, environ: WSGIEnvironment, request_id: str) -> Reply:
         return _json_reply(200, self.execution_parameters)
+
+    def _runtime_invocations(self, environ: WSGIEnvironment, request_id: str) -> Reply:
+        """``/invocations`` as SageMaker Runtime answers it: a container error becomes 424 ``ModelError``."""
+        try:
+            status, headers, body = self._invocations(environ, request_id)
+        except Exception as exc:
+            status, headers, body = _error_for(exc, request_id, environ)
+        if status < 400:
+            headers.append(("X-Amzn-Invoked-Production-Variant", "AllTraffic"))
+            return status, headers, body
+        original = b"".join(bytes(chunk) for chunk in body).decode(errors="replace")
+        kind = "client" if status < 500 else "server"
+        return _json_reply(
+            424,
+            {
+                "ErrorCode": f"{kind.upper()}_ERROR_FROM_MODEL",
+                "OriginalStatusCode": status,
+                "OriginalMessage": original,
+                "Message": f'Received {kind} error ({status}) from model with message "{original}".',
+            },
+            [("x-amzn-ErrorType", "ModelError")],
+        )
 
     def _invocations(self, environ: WSGIEnvironment, request_id: str) -> Reply:
         model = self.model()
@@ -163,9 +185,19 @@ def _as_chunks(content: Any) -> list[codecs.Buffer]:
     raise TypeError(f"output_fn returned a body of type {type(content).__name__}; expected bytes-like or str")
 
 
-def _json_reply(status: int, value: Any) -> Reply:
+def _json_reply(status: int, value: Any, headers: Headers | None = None) -> Reply:
     body = orjson.dumps(value)
-    return status, [("Content-Type", "application/json"), ("Content-Length", str(len(body)))], [body]
+    return status, [("Content-Type", "application/json"), ("Content-Length", str(len(body))), *(headers or [])], [body]
+
+
+def _error_for(exc: Exception, request_id: str, environ: WSGIEnvironment) -> Reply:
+    """The reply for an exception: HTTP exceptions keep their status; anything else is a logged 500."""
+    if not isinstance(exc, werkzeug.exceptions.HTTPException):
+        logger.exception(
+            "Request %s %s %s failed", request_id, environ["REQUEST_METHOD"], environ.get("PATH_INFO"), exc_info=exc
+        )
+        exc = werkzeug.exceptions.InternalServerError()
+    return _error_reply(exc, request_id)
 
 
 def _error_reply(exc: werkzeug.exceptions.HTTPException, request_id: str) -> Reply:

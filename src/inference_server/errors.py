@@ -5,6 +5,7 @@ Catch :class:`InferenceServerError` for anything this package raises on purpose:
     InferenceServerError
     ├── ConfigurationError (ValueError)   bad environment variable, option or hook value at start-up
     ├── PluginError                       a plugin failed to import, or a hook does not match its spec
+    ├── PredictionError                   the client: a server or endpoint answered with an error status
     └── HTTPError (werkzeug HTTPException) an answer with a status, raised on the request path
         ├── BadRequest            400
         │   └── DecodeError (ValueError)  a body the built-in codecs cannot decode
@@ -30,6 +31,7 @@ __all__ = [
     "NotAcceptable",
     "PayloadTooLarge",
     "PluginError",
+    "PredictionError",
     "ServiceUnavailable",
     "UnsupportedMediaType",
 ]
@@ -45,6 +47,17 @@ class ConfigurationError(InferenceServerError, ValueError):
 
 class PluginError(InferenceServerError):
     """A plugin could not be loaded: it failed to import or one of its hooks does not match the spec."""
+
+
+class PredictionError(InferenceServerError):
+    """The client's view of an error answer: ``status`` (the model's own for an endpoint), ``message``, ``body``."""
+
+    def __init__(self, status: int, message: str, body: bytes = b"", request_id: str | None = None) -> None:
+        super().__init__(f"{status}: {message}")
+        self.status = status
+        self.message = message
+        self.body = body
+        self.request_id = request_id
 
 
 class HTTPError(InferenceServerError, werkzeug.exceptions.HTTPException):

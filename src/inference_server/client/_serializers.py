@@ -1,0 +1,139 @@
+"""Serializers with the SageMaker Python SDK v2 interface: ``serialize(data) -> bytes`` and ``CONTENT_TYPE``.
+
+They drop into ``sagemaker.Predictor`` unchanged and encode with the same codecs the server decodes with.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+from inference_server import codecs
+from inference_server.codecs import arrow, json, npz
+
+
+class BaseSerializer:
+    """Turns data into a request body of media type ``CONTENT_TYPE``."""
+
+    DEFAULT_CONTENT_TYPE = "application/octet-stream"
+
+    def __init__(self, content_type: str | None = None) -> None:
+        self.content_type = content_type or self.DEFAULT_CONTENT_TYPE
+
+    @property
+    def CONTENT_TYPE(self) -> str:
+        """The ``Content-Type`` of the serialized data."""
+        return self.content_type
+
+    def serialize(self, data: Any) -> bytes:
+        """Serialize ``data``; a file-like object (with ``read``) is sent as it is."""
+        if hasattr(data, "read"):
+            return bytes(data.read())
+        return self._serialize(data)
+
+    def _serialize(self, data: Any) -> bytes:
+        raise NotImplementedError
+
+
+class IdentitySerializer(BaseSerializer):
+    """Sends bytes (or a str, as UTF-8) unchanged."""
+
+    def _serialize(self, data: Any) -> bytes:
+        return data.encode() if isinstance(data, str) else bytes(data)
+
+
+class NumpySerializer(BaseSerializer):
+    """An array (or anything ``np.asarray`` takes) as ``.npy``, cast to ``dtype`` if given."""
+
+    DEFAULT_CONTENT_TYPE = "application/x-npy"
+
+    def __init__(self, dtype: Any = None, content_type: str = "application/x-npy") -> None:
+        super().__init__(content_type)
+        self.dtype = dtype
+
+    def _serialize(self, data: Any) -> bytes:
+        array = np.asarray(data, dtype=self.dtype)
+        if array.size == 0:
+            raise ValueError("cannot serialize an empty array")
+        return codecs.dumps(array, "application/x-npy")
+
+
+class NpzSerializer(BaseSerializer):
+    """Several named arrays as ``.npz``: a dict (names kept), a tuple or list (``arr_0``...), or one array."""
+
+    DEFAULT_CONTENT_TYPE = npz.MEDIA_TYPE
+
+    def __init__(self, content_type: str = npz.MEDIA_TYPE) -> None:
+        super().__init__(content_type)
+
+    def _serialize(self, data: Any) -> bytes:
+        return codecs.dumps({name: np.asarray(v) for name, v in npz.named_arrays(data).items()}, npz.MEDIA_TYPE)
+
+
+class JSONSerializer(BaseSerializer):
+    """Any JSON-able value, NumPy arrays and scalars included."""
+
+    DEFAULT_CONTENT_TYPE = json.MEDIA_TYPE
+
+    def __init__(self, content_type: str = json.MEDIA_TYPE) -> None:
+        super().__init__(content_type)
+
+    def _serialize(self, data: Any) -> bytes:
+        return json.dumps(data)
+
+
+class JSONLinesSerializer(BaseSerializer):
+    """An iterable of records, one JSON document per line; a str is sent as it is."""
+
+    DEFAULT_CONTENT_TYPE = "application/jsonlines"
+
+    def __init__(self, content_type: str = "application/jsonlines") -> None:
+        super().__init__(content_type)
+
+    def _serialize(self, data: Any) -> bytes:
+        if isinstance(data, (str, bytes)):
+            return data.encode() if isinstance(data, str) else data
+        return b"".join(json.dumps(record) + b"\n" for record in data)
+
+
+def _is_row(value: Any) -> bool:
+    return isinstance(value, (list, tuple, np.ndarray)) and not isinstance(value, (str, bytes))
+
+
+class CSVSerializer(BaseSerializer):
+    """Rows as CSV, as the SDK does: a 1-D sequence is one row, a 2-D one is several; a str is sent as it is."""
+
+    DEFAULT_CONTENT_TYPE = "text/csv"
+
+    def __init__(self, content_type: str = "text/csv") -> None:
+        super().__init__(content_type)
+
+    def _serialize(self, data: Any) -> bytes:
+        if isinstance(data, (str, bytes)):
+            return data.encode() if isinstance(data, str) else data
+        if isinstance(data, np.ndarray):
+            data = data.tolist()
+        rows: Iterable[Any] = data
+        if len(data) == 0:
+            raise ValueError("cannot serialize empty data as CSV")
+        if not _is_row(data[0]):
+            rows = [data]
+        out = io.StringIO()
+        csv.writer(out, lineterminator="\n").writerows(rows)
+        return out.getvalue().rstrip("\n").encode()
+
+
+class ArrowSerializer(BaseSerializer):
+    """A pyarrow Table, RecordBatch, dict of 1-D arrays or pandas DataFrame as an Arrow IPC stream."""
+
+    DEFAULT_CONTENT_TYPE = arrow.STREAM
+
+    def __init__(self, content_type: str = arrow.STREAM) -> None:
+        super().__init__(content_type)
+
+    def _serialize(self, data: Any) -> bytes:
+        return codecs.dumps(data, codecs.bare(self.content_type))

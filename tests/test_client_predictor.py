@@ -1,0 +1,219 @@
+"""Our Predictor, and the real boto3 and SageMaker SDK clients, against a real server subprocess."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import boto3
+import numpy as np
+import pyarrow as pa
+import pytest
+import sagemaker
+import sagemaker.deserializers
+import sagemaker.serializers
+
+from inference_server import client
+from inference_server.errors import PredictionError
+
+MODEL = """
+    import numpy as np
+    import werkzeug.exceptions
+    import inference_server
+
+    @inference_server.plugin_hook
+    def predict_fn(data, model):
+        if isinstance(data, np.ndarray) and data.dtype.kind == "f":
+            if np.isnan(data).any():
+                raise werkzeug.exceptions.BadRequest("features must not be NaN")
+            if (data < 0).any():
+                raise ZeroDivisionError("negative features")
+            scores = data.sum(axis=-1)
+            return {"scores": scores, "conf": np.tanh(scores), "explains": data / scores[..., None]}
+        return data
+"""
+
+
+@pytest.fixture
+def server(servers: Any, plugin_site: Any) -> Any:
+    """A server whose model explains float arrays with three named outputs, and echoes anything else."""
+    plugin_site.add("explainer", MODEL)
+    return servers.start()
+
+
+@pytest.fixture
+def local_aws(monkeypatch: pytest.MonkeyPatch, server: Any) -> str:
+    """Dummy credentials and AWS_ENDPOINT_URL_SAGEMAKER_RUNTIME pointing at the local server."""
+    url = f"http://127.0.0.1:{server.port}"
+    for name, value in {
+        "AWS_ENDPOINT_URL_SAGEMAKER_RUNTIME": url,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_EC2_METADATA_DISABLED": "true",
+        "AWS_CONFIG_FILE": "/nonexistent",
+        "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent",
+    }.items():
+        monkeypatch.setenv(name, value)
+    return url
+
+
+def _url(server: Any) -> str:
+    return f"http://127.0.0.1:{server.port}"
+
+
+def test_predictor_npy_in_npz_out_as_a_dict(server: Any) -> None:
+    """NumpySerializer in, NumpyDeserializer(accept npz) out: a dict of the model's named arrays."""
+    with client.Predictor(
+        _url(server), client.NumpySerializer(), client.NumpyDeserializer(accept="application/x-npz")
+    ) as predictor:
+        result = predictor.predict(np.array([[1.0, 3.0], [2.0, 2.0]]))
+    assert list(result) == ["scores", "conf", "explains"]
+    assert result["scores"].tolist() == [4.0, 4.0]
+
+
+def test_predictor_npy_round_trip_and_connection_reuse(server: Any) -> None:
+    """Repeated npy predictions reuse one kept-alive connection per thread."""
+    predictor = client.Predictor(_url(server), client.NumpySerializer(), client.NpzDeserializer())
+    for _ in range(3):
+        result = predictor.predict(np.ones((2, 2)))
+        assert result["scores"].tolist() == [2.0, 2.0]
+    connection = predictor._transport._local.connection  # type: ignore[attr-defined]
+    predictor.predict(np.ones((1, 2)))
+    assert predictor._transport._local.connection is connection  # type: ignore[attr-defined]
+    predictor.close()
+
+
+def test_predictor_json_csv_and_arrow(server: Any) -> None:
+    """JSON and Arrow come back equal through the echo path; CSV rows arrive as floats and are explained."""
+    url = _url(server)
+    with client.Predictor(url, client.JSONSerializer(), client.JSONDeserializer()) as predictor:
+        assert predictor.predict({"a": [1, 2]}) == {"a": [1, 2]}
+    with client.Predictor(url, client.CSVSerializer(), client.NumpyDeserializer(accept="application/x-npz")) as csv:
+        assert csv.predict([[1, 2], [3, 4]])["scores"].tolist() == [3.0, 7.0]
+    table = pa.table({"x": [1, 2], "y": ["a", "b"]})
+    with client.Predictor(url, client.ArrowSerializer(), client.ArrowDeserializer()) as arrow:
+        assert arrow.predict(table).equals(table)
+
+
+def test_predictor_large_array(server: Any) -> None:
+    """A large npy answer (4 MB) is read whole into one buffer."""
+    data = np.arange(500_000, dtype=np.int64)  # int: echoed, not explained
+    with client.Predictor(_url(server), client.NumpySerializer(), client.NumpyDeserializer()) as predictor:
+        assert np.array_equal(predictor.predict(data), data)
+
+
+def test_predictor_errors_carry_status_and_message(server: Any) -> None:
+    """A 4xx or 5xx answer raises PredictionError with the status, the server's message and the request id."""
+    with client.Predictor(_url(server), client.NumpySerializer(), client.NumpyDeserializer()) as predictor:
+        with pytest.raises(PredictionError) as caught:
+            predictor.predict(np.array([np.nan]))
+        assert (caught.value.status, caught.value.message) == (400, "features must not be NaN")
+        assert caught.value.request_id
+        with pytest.raises(PredictionError) as caught:
+            predictor.predict(np.array([-1.0]))
+        assert caught.value.status == 500
+        assert predictor.predict(np.array([1, 2])).tolist() == [1, 2]  # the connection still works
+
+
+def test_predictor_reports_a_body_over_the_limit(server: Any) -> None:
+    """A body over MaxPayloadInMB (6 MB here) is a PredictionError 413, even though the server answers early."""
+    with client.Predictor(_url(server), client.NumpySerializer(), client.NumpyDeserializer()) as predictor:
+        with pytest.raises(PredictionError) as caught:
+            predictor.predict(np.zeros(1_000_000, dtype=np.int64))
+        assert caught.value.status == 413
+        assert "MaxPayloadInMB" in caught.value.message
+
+
+def test_predictor_is_thread_safe(server: Any) -> None:
+    """Threads sharing a Predictor each get their own connection and the right answers."""
+    predictor = client.Predictor(_url(server), client.NumpySerializer(), client.NumpyDeserializer())
+    failures: list[BaseException] = []
+
+    def work(value: int) -> None:
+        try:
+            for _ in range(20):
+                assert predictor.predict(np.full(3, value)).tolist() == [value] * 3
+        except BaseException as exc:
+            failures.append(exc)
+
+    def work_and_close(value: int) -> None:
+        work(value)
+        predictor.close()  # closes this thread's connection
+
+    threads = [threading.Thread(target=work_and_close, args=(i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failures == []
+
+
+def test_predictor_sends_sagemaker_headers(servers: Any, plugin_site: Any) -> None:
+    """Custom attributes come back; inference id and target model reach the server as SageMaker's headers."""
+    server = servers.start(plugins=[])
+    with client.Predictor(_url(server), client.IdentitySerializer(), client.BytesDeserializer()) as predictor:
+        answer = predictor.predict(b"x", custom_attributes="a=1", inference_id="id-1", target_model="m.tar.gz")
+    assert answer == b"x"
+
+
+def test_boto3_invoke_endpoint(local_aws: str) -> None:
+    """Unmodified boto3 reaches the local server: body, content type and custom attributes."""
+    runtime = boto3.client("sagemaker-runtime")
+    body = client.NumpySerializer().serialize(np.array([[1.0, 1.0]]))
+    response = runtime.invoke_endpoint(
+        EndpointName="my-endpoint",
+        Body=body,
+        ContentType="application/x-npy",
+        Accept="application/x-npz",
+        CustomAttributes="trace=on",
+        InferenceId="inference-42",
+    )
+    assert response["ContentType"] == "application/x-npz"
+    assert response["CustomAttributes"] == "trace=on"
+    assert response["InvokedProductionVariant"] == "AllTraffic"
+    result = client.NumpyDeserializer().deserialize(response["Body"], response["ContentType"])
+    assert result["scores"].tolist() == [2.0]
+
+
+def test_boto3_model_error(local_aws: str) -> None:
+    """A container error reaches boto3 as ModelError carrying the original status and message."""
+    runtime = boto3.client("sagemaker-runtime")
+    body = client.NumpySerializer().serialize(np.array([np.nan]))
+    with pytest.raises(runtime.exceptions.ModelError) as caught:
+        runtime.invoke_endpoint(EndpointName="e", Body=body, ContentType="application/x-npy")
+    assert caught.value.response["OriginalStatusCode"] == 400
+    assert "features must not be NaN" in caught.value.response["OriginalMessage"]
+    assert caught.value.response["ResponseMetadata"]["HTTPStatusCode"] == 424
+
+
+def test_predictor_for_endpoint(local_aws: str) -> None:
+    """Predictor.for_endpoint goes through boto3; a model error is a PredictionError with the model's status."""
+    predictor = client.Predictor.for_endpoint("e", client.NumpySerializer(), client.NpzDeserializer())
+    assert predictor.predict(np.array([[2.0, 2.0]]), custom_attributes="x=1")["scores"].tolist() == [4.0]
+    with pytest.raises(PredictionError) as caught:
+        predictor.predict(np.array([-1.0]))
+    assert caught.value.status == 500
+
+
+def test_sagemaker_sdk_predictor_with_sdk_serializers(local_aws: str) -> None:
+    """The SageMaker SDK v2 Predictor with its own NumpySerializer and NumpyDeserializer(accept npz)."""
+    predictor = sagemaker.Predictor(
+        "my-endpoint",
+        serializer=sagemaker.serializers.NumpySerializer(),
+        deserializer=sagemaker.deserializers.NumpyDeserializer(accept="application/x-npz"),
+    )
+    result = predictor.predict(np.array([[1.0, 3.0]]))
+    assert result["explains"].tolist() == [[0.25, 0.75]]  # the SDK's lazy NpzFile, read by name
+
+
+def test_sagemaker_sdk_predictor_with_ours(local_aws: str) -> None:
+    """Our serializer and deserializer drop into the SDK's Predictor and give a plain dict."""
+    predictor = sagemaker.Predictor(
+        "my-endpoint",
+        serializer=client.NumpySerializer(),
+        deserializer=client.NumpyDeserializer(accept="application/x-npz"),
+    )
+    result = predictor.predict(np.array([[1.0, 3.0]]))
+    assert type(result) is dict
+    assert result["scores"].tolist() == [4.0]
