@@ -80,3 +80,32 @@ def test_selecting_installed_plugins_by_name() -> None:
     assert not _plugins.build_manager([]).is_registered(shipping_forecast)
     assert _plugins.build_manager(["shipping_forecast"]).is_registered(shipping_forecast)
     assert _plugins.build_manager(None).is_registered(shipping_forecast)
+
+
+def test_first_result_caller_matches_pluggy() -> None:
+    """The request path's resolved caller gives pluggy's answers: order, None fall-through, fewer arguments."""
+
+    class Lean:
+        @plugin_hook
+        def predict_fn(self, data: Any) -> Any:
+            return None if data == "skip" else f"lean {data}"
+
+    pm = _plugins.build_manager([], [Second(), First(), Lean()])
+    fast = _plugins.first_result_caller(pm, "predict_fn")
+    for data in ("x", "skip", "pass"):
+        assert fast(data=data, model=None) == pm.hook.predict_fn(data=data, model=None)
+
+
+def test_first_result_caller_leaves_wrappers_to_pluggy() -> None:
+    """With a wrapper registered, the caller is pluggy's own, so the wrapper runs."""
+    seen = []
+
+    class Wrapper:
+        @plugin_hook(wrapper=True)
+        def predict_fn(self, data: Any, model: Any) -> Any:
+            seen.append(data)
+            return (yield).upper()
+
+    pm = _plugins.build_manager([], [Second(), Wrapper()])
+    assert _plugins.first_result_caller(pm, "predict_fn")(data="w", model=None) == "SECOND"
+    assert seen == ["w"]

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import http
 import logging
+import random
 import re
-import uuid
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -68,6 +69,9 @@ class App:
         mb = self.execution_parameters["MaxPayloadInMB"]
         self.max_body = mb * _MB if mb else None
         codecs.set_limits(codecs.Limits.for_payload(mb))
+        self._input_fn = _plugins.first_result_caller(pm, "input_fn")
+        self._predict_fn = _plugins.first_result_caller(pm, "predict_fn")
+        self._output_fn = _plugins.first_result_caller(pm, "output_fn")
         self._routes: dict[str, dict[str, Handler]] = {
             "/ping": {"GET": self._ping},
             "/invocations": {"POST": self._invocations},
@@ -82,7 +86,7 @@ class App:
         """Answer one request; with ``bytes_only=False`` the body items are buffers (an array's own memory)."""
         request_id = environ.get("HTTP_X_REQUEST_ID", "")
         if not _REQUEST_ID.fullmatch(request_id):
-            request_id = uuid.uuid4().hex
+            request_id = f"{random.getrandbits(128):032x}"  # unique enough for logs; cheaper than uuid4
         method = environ["REQUEST_METHOD"]
         try:
             status, headers, body = self._dispatch(environ, method, request_id)
@@ -154,12 +158,17 @@ class App:
         model = self.model()
         body = read_body(environ, self.max_body)
         content_type = environ.get("CONTENT_TYPE") or "application/octet-stream"
-        accept = werkzeug.http.parse_accept_header(environ.get("HTTP_ACCEPT") or "*/*", MIMEAccept)
-        hook = self.pm.hook
-        data = hook.input_fn(input_data=body, content_type=content_type)
-        prediction = hook.predict_fn(data=data, model=model)
-        result = hook.output_fn(prediction=prediction, accept=accept)
+        accept = _accept(environ.get("HTTP_ACCEPT") or "*/*")
+        data = self._input_fn(input_data=body, content_type=content_type)
+        prediction = self._predict_fn(data=data, model=model)
+        result = self._output_fn(prediction=prediction, accept=accept)
         return _output_reply(result)
+
+
+@functools.lru_cache(maxsize=256)
+def _accept(header: str) -> MIMEAccept:
+    """The parsed Accept header; clients send the same few values again and again (MIMEAccept is immutable)."""
+    return werkzeug.http.parse_accept_header(header, MIMEAccept)
 
 
 def _output_reply(result: Any) -> Reply:

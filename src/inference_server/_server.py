@@ -1,4 +1,8 @@
-"""Running the WSGI app under gunicorn's threaded worker, in this process (the arbiter) with forked workers."""
+"""The HTTP server backends: gunicorn's threaded worker or granian's WSGI interface.
+
+Either runs in the process that ``inference-server serve`` started (no wrapper process), with the worker processes
+as its children; each worker loads the model before it accepts traffic.
+"""
 
 from __future__ import annotations
 
@@ -63,3 +67,37 @@ class GunicornServer(BaseApplication):  # type: ignore[misc]
 
     def load(self) -> App:
         return self.app
+
+
+def granian_app() -> App:
+    """The app factory granian's workers call: the app from the environment (set by ``serve``), model loaded.
+
+    granian writes any bytes-like body item, so the app hands it the arrays' own memory (no copy)."""
+    from inference_server import _plugins
+    from inference_server._settings import Settings
+
+    app = App(Settings.from_env(), _plugins.manager(), bytes_only=False)
+    _load_model(app)
+    return app
+
+
+def run_granian(app: App) -> None:
+    """Serve with granian until SIGTERM; ``app`` was built in this process to check the plugins and settings."""
+    try:
+        from granian import Granian
+        from granian.constants import Interfaces
+        from granian.log import LogLevels
+    except ImportError:
+        raise SystemExit("--server granian needs granian: pip install 'inference-server[granian]'") from None
+    settings = app.settings
+    Granian(
+        f"{__name__}:granian_app",
+        address=settings.host,
+        port=settings.port,
+        interface=Interfaces.WSGI,
+        workers=settings.workers,
+        blocking_threads=settings.threads,
+        factory=True,
+        log_level=LogLevels(settings.log_level),
+        workers_kill_timeout=GRACEFUL_TIMEOUT,
+    ).serve()

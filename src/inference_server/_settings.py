@@ -19,6 +19,8 @@ DEFAULT_MODEL_DIR = "/opt/ml/model"
 MODEL_DIR_ENV = "INFERENCE_SERVER_MODEL_DIR"
 
 _LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+#: The HTTP server backends ``serve`` can run.
+SERVERS = ("gunicorn", "granian")
 
 
 class BatchStrategy(str, enum.Enum):
@@ -90,6 +92,13 @@ def _setting(
         raise ConfigurationError(f"--{option.replace('_', '-')}={value!r} is invalid: {exc}") from None
 
 
+def _server(text: str) -> str:
+    name = text.strip().lower()
+    if name not in SERVERS:
+        raise ValueError(f"must be one of {', '.join(SERVERS)}")
+    return name
+
+
 def _port(text: str) -> int:
     value = _int(text)
     if not 0 <= value <= 65535:
@@ -124,6 +133,7 @@ class Settings:
     model_dir: str = DEFAULT_MODEL_DIR
     log_level: str = "info"
     default_accept: str | None = None
+    server: str = "granian"
 
     @property
     def log_level_number(self) -> int:
@@ -142,6 +152,7 @@ class Settings:
         timeout: int | str | None = None,
         model_dir: str | None = None,
         log_level: str | None = None,
+        server: str | None = None,
     ) -> Settings:
         """Build settings from environment variables; arguments that are not ``None`` (the command line) win."""
         env = os.environ if environ is None else environ
@@ -156,4 +167,5 @@ class Settings:
             model_dir=model_dir or env.get(MODEL_DIR_ENV) or DEFAULT_MODEL_DIR,
             log_level=_setting("log_level", log_level, env, "INFERENCE_SERVER_LOG_LEVEL", _log_level, "info"),
             default_accept=env.get("SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT") or None,
+            server=_setting("server", server, env, "INFERENCE_SERVER_BACKEND", _server, "granian"),
         )

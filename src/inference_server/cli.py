@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import inference_server
 from inference_server import _plugins
 from inference_server._app import App
-from inference_server._settings import MODEL_DIR_ENV, Settings
+from inference_server._settings import MODEL_DIR_ENV, SERVERS, Settings
 from inference_server.errors import ConfigurationError, PluginError
 
 logger = logging.getLogger("inference_server")
@@ -51,6 +51,12 @@ def _parser() -> argparse.ArgumentParser:
         "--model-dir", help=f"directory passed to model_fn (default: ${MODEL_DIR_ENV}, else /opt/ml/model)"
     )
     serve.add_argument(
+        "--server",
+        choices=SERVERS,
+        help="HTTP server: granian, fastest for real-time requests, or gunicorn, faster and leaner for bodies "
+        "of many MB (default: $INFERENCE_SERVER_BACKEND, else granian)",
+    )
+    serve.add_argument(
         "--log-level",
         help="critical, error, warning, info or debug (default: $INFERENCE_SERVER_LOG_LEVEL, else info)",
     )
@@ -73,6 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             timeout=args.timeout,
             model_dir=args.model_dir,
             log_level=args.log_level,
+            server=args.server,
         )
     except ConfigurationError as exc:
         parser.exit(2, f"inference-server: error: {exc}\n")
@@ -91,7 +98,10 @@ def serve(settings: Settings) -> int:
         logger.error("Cannot start: %s", exc)
         print(f"inference-server: error: {exc}", file=sys.stderr)
         return 1
-    from inference_server._server import GunicornServer
+    from inference_server import _server
 
-    GunicornServer(app).run()
+    if settings.server == "granian":
+        _server.run_granian(app)
+    else:
+        _server.GunicornServer(app).run()
     return 0

@@ -1,0 +1,173 @@
+"""What the HTTP benchmarks share: servers in subprocesses on free loopback ports, plugins, load generators."""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import os
+import re
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PYTHON = sys.executable
+#: inference-server 1.3.3 from PyPI, in a virtualenv of its own (made on first use).
+LEGACY_VENV = ROOT / "benchmarks" / ".venv-inference-server-1.3.3"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def plugin_site(plugins: dict[str, str]) -> Path:
+    """A temporary directory of plugin modules with entry-point metadata, for ``PYTHONPATH``."""
+    site = Path(tempfile.mkdtemp(prefix="bench-plugins-"))
+    for name, source in plugins.items():
+        (site / f"{name}.py").write_text(textwrap.dedent(source))
+        dist_info = site / f"{name}-1.0.dist-info"
+        dist_info.mkdir()
+        (dist_info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
+        (dist_info / "entry_points.txt").write_text(f"[inference_server]\n{name} = {name}\n")
+    return site
+
+
+def legacy_python() -> Path:
+    """The Python of a virtualenv with inference-server 1.3.3 and gunicorn, created if missing."""
+    python = LEGACY_VENV / "bin" / "python"
+    if not python.exists():
+        print(f"creating {LEGACY_VENV} with inference-server==1.3.3 ...", flush=True)
+        subprocess.run([sys.executable, "-m", "venv", str(LEGACY_VENV)], check=True)
+        subprocess.run(
+            [str(python), "-m", "pip", "install", "--quiet", "inference-server==1.3.3", "gunicorn", "orjson"],
+            check=True,
+        )
+    return python
+
+
+class Server:
+    """A server command on a free port, ready when ``path`` answers."""
+
+    def __init__(self, name: str, command: list[str], port: int, env: dict[str, str], ready_path: str = "/ping"):
+        self.name, self.port = name, port
+        self.log = tempfile.NamedTemporaryFile(prefix=f"bench-{name}-", suffix=".log", delete=False)  # noqa: SIM115
+        self.process = subprocess.Popen(command, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"{name} exited: {Path(self.log.name).read_text()[-2000:]}")
+            with contextlib.suppress(OSError):
+                connection = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+                connection.request("GET", ready_path)
+                connection.getresponse().read()
+                connection.close()
+                return
+            time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"{name} not ready after 60 s")
+
+    def _status(self, field: str) -> dict[str, int]:
+        """``field`` (VmRSS, VmHWM) in bytes for the server process and each of its children."""
+        pids = [str(self.process.pid)]
+        pids += subprocess.run(["pgrep", "-P", pids[0]], capture_output=True, text=True).stdout.split()
+        values = {}
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                    if line.startswith(field + ":"):
+                        values[pid] = int(line.split()[1]) * 1024
+        return values
+
+    def rss(self) -> dict[str, int]:
+        """Resident memory now, per process."""
+        return self._status("VmRSS")
+
+    def peak_above(self, idle: dict[str, int]) -> int:
+        """The largest rise of peak resident memory (VmHWM) over ``idle`` among the server's processes."""
+        return max(peak - idle.get(pid, 0) for pid, peak in self._status("VmHWM").items())
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.log.close()
+
+
+@contextlib.contextmanager
+def running(
+    name: str, command: list[str], port: int, env: dict[str, str], ready_path: str = "/ping"
+) -> Iterator[Server]:
+    server = Server(name, command, port, env, ready_path)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def base_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SAGEMAKER_", "INFERENCE_SERVER_"))}
+    env.update(extra)
+    return env
+
+
+def wrk(url: str, seconds: float, connections: int, lua: str | None = None) -> float:
+    """Requests per second from wrk (2 threads); a bounded Python load generator where wrk is absent."""
+    if shutil.which("wrk") is None:
+        return python_load(url, seconds, connections, lua)
+    command = ["wrk", "-t2", f"-c{connections}", f"-d{round(seconds)}s", url]
+    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:
+        if lua:
+            script.write(lua)
+            command[1:1] = ["-s", script.name]
+    output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    errors = re.search(r"Non-2xx or 3xx responses: (\d+)", output)
+    if errors:
+        raise RuntimeError(f"{url}: {errors.group(1)} error responses:\n{output}")
+    match = re.search(r"Requests/sec:\s+([\d.]+)", output)
+    if not match:
+        raise RuntimeError(output)
+    return float(match.group(1))
+
+
+def python_load(url: str, seconds: float, connections: int, lua: str | None) -> float:
+    """Keep-alive http.client threads for ``seconds``: slower than wrk, but bounded and dependency-free."""
+    host, port_path = url.removeprefix("http://").split(":", 1)
+    port, _, path = port_path.partition("/")
+    body = re.search(r"wrk.body\s*=\s*'(.*)'", lua or "")
+    method = "POST" if body else "GET"
+    payload = body.group(1).encode() if body else None
+    counts = [0] * connections
+    end = time.monotonic() + seconds
+
+    def run(i: int) -> None:
+        connection = http.client.HTTPConnection(host, int(port), timeout=10)
+        while time.monotonic() < end:
+            connection.request(method, "/" + path, body=payload, headers={"Content-Type": "application/json"})
+            connection.getresponse().read()
+            counts[i] += 1
+        connection.close()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(connections)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return sum(counts) / seconds
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)

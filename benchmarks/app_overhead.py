@@ -1,0 +1,112 @@
+"""In-process cost of one small JSON request through the WSGI app, without any server.
+
+Contenders, all with the same JSON echo hooks: our app; the same pipeline written with werkzeug's ``Request`` and
+``Response`` objects (as inference-server 1.x does); a bare WSGI echo (the floor). Alternating rounds, medians.
+Run: ``.venv/bin/python benchmarks/app_overhead.py``.
+"""
+
+from __future__ import annotations
+
+import io
+import statistics
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import orjson
+import werkzeug
+import werkzeug.exceptions
+
+from inference_server import _plugins, plugin_hook
+from inference_server._app import App
+from inference_server._settings import Settings
+
+BODY = b'{"instances": [[0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0]]}'
+WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+
+
+class JSONEcho:
+    @plugin_hook
+    def input_fn(self, input_data: bytes, content_type: str) -> Any:
+        return orjson.loads(input_data)
+
+    @plugin_hook
+    def predict_fn(self, data: Any, model: Any) -> Any:
+        return data
+
+    @plugin_hook
+    def output_fn(self, prediction: Any, accept: Any) -> tuple[bytes, str]:
+        return orjson.dumps(prediction), "application/json"
+
+
+def werkzeug_app() -> WSGIApp:
+    """The 1.x request path: werkzeug Request and Response objects around the same hooks."""
+    pm = _plugins.build_manager([], [JSONEcho()])
+    model = pm.hook.model_fn(model_dir="/nonexistent")
+
+    @werkzeug.Request.application  # type: ignore[arg-type]
+    def app(request: werkzeug.Request) -> werkzeug.Response:
+        if (request.method, request.path) != ("POST", "/invocations"):
+            raise werkzeug.exceptions.NotFound()
+        data = pm.hook.input_fn(input_data=request.get_data(), content_type=request.content_type)
+        prediction = pm.hook.predict_fn(data=data, model=model)
+        body, content_type = pm.hook.output_fn(prediction=prediction, accept=request.accept_mimetypes)
+        return werkzeug.Response(body, mimetype=content_type)
+
+    return app  # type: ignore[return-value]
+
+
+def bare_app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+    body = environ["wsgi.input"].read(int(environ["CONTENT_LENGTH"]))
+    start_response("200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
+    return [body]
+
+
+def environ() -> dict[str, Any]:
+    return {
+        "REQUEST_METHOD": "POST",
+        "PATH_INFO": "/invocations",
+        "SCRIPT_NAME": "",
+        "QUERY_STRING": "",
+        "SERVER_NAME": "127.0.0.1",
+        "SERVER_PORT": "8080",
+        "SERVER_PROTOCOL": "HTTP/1.1",
+        "CONTENT_TYPE": "application/json",
+        "CONTENT_LENGTH": str(len(BODY)),
+        "HTTP_ACCEPT": "application/json",
+        "wsgi.input": io.BytesIO(BODY),
+        "wsgi.url_scheme": "http",
+        "wsgi.errors": io.StringIO(),
+    }
+
+
+def per_request(app: WSGIApp, count: int) -> float:
+    """Seconds per request, the environ built fresh each time (as a server does)."""
+
+    def start_response(status: str, headers: list[tuple[str, str]]) -> None:
+        pass
+
+    started = time.perf_counter()
+    for _ in range(count):
+        b"".join(app(environ(), start_response))
+    return (time.perf_counter() - started) / count
+
+
+def main() -> None:
+    ours = App(Settings(model_dir="/nonexistent"), _plugins.build_manager([], [JSONEcho()]))
+    ours.model()
+    apps: dict[str, WSGIApp] = {"ours": ours, "werkzeug Request/Response": werkzeug_app(), "bare": bare_app}  # type: ignore[dict-item]
+    samples: dict[str, list[float]] = {name: [] for name in apps}
+    for round_ in range(15):
+        for name in list(apps)[round_ % 3 :] + list(apps)[: round_ % 3]:
+            samples[name].append(per_request(apps[name], 5000))
+    medians = {name: statistics.median(values) for name, values in samples.items()}
+    print(f"{'app':<28} {'us/request':>11} {'requests/s':>11}")
+    for name, seconds in medians.items():
+        print(f"{name:<28} {seconds * 1e6:>11.2f} {1 / seconds:>11.0f}")
+    print(f"\nours costs {medians['ours'] / medians['werkzeug Request/Response']:.2f}x the werkzeug path's time")
+    print(f"ours above bare: {(medians['ours'] - medians['bare']) * 1e6:.2f} us per request")
+
+
+if __name__ == "__main__":
+    main()

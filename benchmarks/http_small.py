@@ -1,0 +1,123 @@
+"""Small JSON requests: our server on each backend against inference-server 1.3.3 and a bare WSGI app.
+
+Every contender runs 2 worker processes; load comes from wrk (16 keep-alive connections, 2 threads) on
+``POST /invocations`` with ``{"instances": [[10 floats]]}`` through a JSON echo model, and on ``GET /ping``.
+Contenders alternate, in a rotating order, for several rounds; medians are printed with ratios.
+Run: ``.venv/bin/python benchmarks/http_small.py`` (``--quick``: one short round).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import platform
+import time
+
+import _harness as h
+
+JSON_ECHO = """
+    import orjson
+    import inference_server
+
+    @inference_server.plugin_hook
+    def input_fn(input_data, content_type):
+        return orjson.loads(input_data)
+
+    @inference_server.plugin_hook
+    def predict_fn(data, model):
+        return data
+
+    @inference_server.plugin_hook
+    def output_fn(prediction, accept):
+        return orjson.dumps(prediction), "application/json"
+"""
+
+BARE = """
+    def app(environ, start_response):
+        length = int(environ.get("CONTENT_LENGTH") or 0)
+        if length:
+            environ["wsgi.input"].read(length)
+        body = b'{"hello": "world"}'
+        start_response("200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
+        return [body]
+"""
+
+BODY = '{"instances": [[0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0]]}'
+POST = f"""
+wrk.method = "POST"
+wrk.body = '{BODY}'
+wrk.headers["Content-Type"] = "application/json"
+wrk.headers["Accept"] = "application/json"
+"""
+WORKERS = "2"
+
+
+def contenders(site: str, threads: str) -> dict[str, tuple[str, dict[str, str], str]]:
+    """name -> (command with {port}, environment, readiness path)."""
+    env = h.base_env(PYTHONPATH=site, INFERENCE_SERVER_PLUGINS="json_echo", INFERENCE_SERVER_LOG_LEVEL="warning")
+    bare_env = h.base_env(PYTHONPATH=site)
+    ours = (
+        f"{h.PYTHON} -m inference_server serve --host 127.0.0.1 --port {{port}} --workers {WORKERS} --threads {threads}"
+    )
+    legacy = f"{h.legacy_python()} -m gunicorn -b 127.0.0.1:{{port}} -w {WORKERS} -k sync --log-level warning"
+    return {
+        "ours gunicorn": (f"{ours} --server gunicorn", env, "/ping"),
+        "ours granian": (f"{ours} --server granian", env, "/ping"),
+        "1.3.3 gunicorn sync": (f"{legacy} inference_server:create_app()", h.base_env(PYTHONPATH=site), "/ping"),
+        "bare gunicorn": (
+            f"{h.PYTHON} -m gunicorn -b 127.0.0.1:{{port}} -w {WORKERS} -k gthread --threads {threads} "
+            "--keep-alive 65 --log-level warning bare:app",
+            bare_env,
+            "/",
+        ),
+        "bare granian": (
+            f"{h.PYTHON} -m granian --interface wsgi --host 127.0.0.1 --port {{port}} --workers {WORKERS} "
+            f"--blocking-threads {threads} --log-level warning bare:app",
+            bare_env,
+            "/",
+        ),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="one round of 3 s per measurement")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=5)
+    parser.add_argument("--threads", default="1", help="threads per worker for the threaded servers")
+    args = parser.parse_args()
+    rounds, seconds = (1, 3.0) if args.quick else (args.rounds, args.seconds)
+    site = str(h.plugin_site({"json_echo": JSON_ECHO}))
+    with open(os.path.join(site, "bare.py"), "w") as f:
+        f.write(__import__("textwrap").dedent(BARE))
+    print(f"{platform.node()} {os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d')}, threads per worker {args.threads}")
+    results: dict[str, dict[str, list[float]]] = {}
+    with contextlib.ExitStack() as stack:
+        servers = {}
+        for name, (template, env, ready) in contenders(site, args.threads).items():
+            port = h.free_port()
+            command = template.format(port=port).split()
+            servers[name] = stack.enter_context(h.running(name, command, port, env, ready))
+            results[name] = {"invocations": [], "ping": []}
+        names = list(servers)
+        for round_ in range(rounds):
+            order = names[round_ % len(names) :] + names[: round_ % len(names)]
+            for name in order:
+                port = servers[name].port
+                path = "/invocations" if not name.startswith("bare") else "/"
+                results[name]["invocations"].append(h.wrk(f"http://127.0.0.1:{port}{path}", seconds, 16, POST))
+                ping = "/ping" if not name.startswith("bare") else "/"
+                results[name]["ping"].append(h.wrk(f"http://127.0.0.1:{port}{ping}", seconds, 16))
+    legacy = h.median(results["1.3.3 gunicorn sync"]["invocations"])
+    columns = ("POST /invocations", 18), ("GET /ping", 12), ("vs 1.3.3", 9), ("vs bare, same server", 21)
+    print(f"\n{'contender':<22}" + "".join(f" {title:>{width}}" for title, width in columns))
+    for name, measured in results.items():
+        invocations, ping = h.median(measured["invocations"]), h.median(measured["ping"])
+        bare = f"bare {name.split()[-1]}"
+        vs_bare = f"{invocations / h.median(results[bare]['invocations']):.2f}x" if name.startswith("ours") else ""
+        print(f"{name:<22} {invocations:>14.0f}/s {ping:>10.0f}/s {invocations / legacy:>8.2f}x {vs_bare:>21}")
+
+
+if __name__ == "__main__":
+    main()
