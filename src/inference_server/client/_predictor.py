@@ -9,6 +9,7 @@ import urllib.parse
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+import numpy as np
 import orjson
 
 from inference_server.client._deserializers import BaseDeserializer, Body, BytesDeserializer
@@ -110,19 +111,20 @@ def _exchange(
     return connection.getresponse()
 
 
-def _read(response: http.client.HTTPResponse) -> bytearray | bytes:
-    """Read the body into one buffer of Content-Length (no chain of copies), else whole."""
+def _read(response: http.client.HTTPResponse) -> memoryview | bytes:
+    """Read the body into one buffer of Content-Length (no chain of copies), else whole.
+
+    The buffer is uninitialised memory (``np.empty``): a ``bytearray`` would first write zeros over all of it."""
     if response.length is None:
         return response.read()
-    buffer = bytearray(response.length)
-    view = memoryview(buffer)
+    view = memoryview(np.empty(response.length, dtype=np.uint8))  # type: ignore[arg-type]
     position = 0
-    while position < len(buffer):
+    while position < view.nbytes:
         count = response.readinto(view[position : position + _READ_BLOCK])
         if not count:
-            raise http.client.IncompleteRead(bytes(view[:position]), len(buffer) - position)
+            raise http.client.IncompleteRead(bytes(view[:position]), view.nbytes - position)
         position += count
-    return buffer
+    return view
 
 
 class _RuntimeTransport:
