@@ -99,3 +99,31 @@ def test_broken_archives_say_what_is_wrong(mangle, message) -> None:  # type: ig
     body = codecs.dumps({"a": np.arange(100)}, NPZ)
     with pytest.raises(DecodeError, match=message):
         codecs.loads(mangle(body), NPZ)
+
+
+def test_more_than_65535_members_use_zip64_both_ways() -> None:
+    """70,000 members need zip64 end records: we write them, np.load reads them, and so do we."""
+    arrays = {f"m{i}": np.array([i], dtype=np.int32) for i in range(70_000)}
+    body = codecs.dumps(arrays, NPZ)
+    with np.load(io.BytesIO(body)) as loaded:
+        assert len(loaded.files) == 70_000
+        assert loaded["m69999"].tolist() == [69_999]
+    decoded = codecs.loads(body, NPZ, codecs.Limits(max_archive_members=100_000))
+    assert len(decoded) == 70_000
+    assert decoded["m12345"].tolist() == [12_345]
+
+
+def test_zip64_extra_fields_written_by_zipfile_decode(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Central-directory zip64 fields (as zipfile writes for members over 2 GiB) are read, here on tiny members."""
+    import zipfile
+
+    monkeypatch.setattr(zipfile, "ZIP64_LIMIT", 10)  # every size and offset now goes to zip64 extra fields
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for name in ("a", "b"):
+            with archive.open(f"{name}.npy", "w", force_zip64=True) as member:
+                np.lib.format.write_array(member, np.arange(5))
+    assert {k: v.tolist() for k, v in codecs.loads(buffer.getvalue(), NPZ).items()} == {
+        "a": [0, 1, 2, 3, 4],
+        "b": [0, 1, 2, 3, 4],
+    }

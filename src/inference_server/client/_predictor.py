@@ -161,9 +161,12 @@ class Predictor:
         *,
         timeout: float = 60.0,
     ) -> None:
+        self._setup(serializer, deserializer, _HTTPTransport(url, timeout))
+
+    def _setup(self, serializer: Any, deserializer: Any, transport: _Transport) -> None:
         self.serializer = serializer if serializer is not None else IdentitySerializer()
         self.deserializer = deserializer if deserializer is not None else BytesDeserializer()
-        self._transport: _Transport = _HTTPTransport(url, timeout)
+        self._transport = transport
 
     @classmethod
     def for_endpoint(
@@ -182,9 +185,7 @@ class Predictor:
                 raise ImportError("Predictor.for_endpoint needs boto3: pip install 'inference-server[aws]'") from None
             client = boto3.client("sagemaker-runtime")
         predictor = cls.__new__(cls)
-        predictor.serializer = serializer if serializer is not None else IdentitySerializer()
-        predictor.deserializer = deserializer if deserializer is not None else BytesDeserializer()
-        predictor._transport = _RuntimeTransport(endpoint_name, client)
+        predictor._setup(serializer, deserializer, _RuntimeTransport(endpoint_name, client))
         return predictor
 
     def predict(
