@@ -63,3 +63,20 @@ def test_missing_model_directory_is_a_warning(caplog: pytest.LogCaptureFixture, 
     caplog.clear()
     _model.get_model(pm, str(tmp_path))
     assert "does not exist" not in caplog.text
+
+
+def test_models_are_kept_per_plugin_set() -> None:
+    """Two plugin managers with different model_fn hooks get their own models for the same directory."""
+
+    class A:
+        @plugin_hook
+        def model_fn(self, model_dir: str) -> Any:
+            return "a"
+
+    class B:
+        @plugin_hook
+        def model_fn(self, model_dir: str) -> Any:
+            return "b"
+
+    assert _model.get_model(_plugins.build_manager([], [A()]), "/m") == "a"
+    assert _model.get_model(_plugins.build_manager([], [B()]), "/m") == "b"

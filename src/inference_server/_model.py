@@ -19,29 +19,31 @@ class ModelLoadError(ServiceUnavailable):
 
 
 class _Slot:
-    """One model directory's model: loaded at most once, by the first caller, while others wait."""
+    """One (plugin manager, model directory)'s model: loaded at most once, by the first caller, while others wait."""
 
-    def __init__(self) -> None:
+    def __init__(self, pm: pluggy.PluginManager) -> None:
+        self.pm = pm  # held so that the id in the key is not reused while the slot lives
         self.lock = threading.Lock()
         self.loaded = False
         self.model: Any = None
         self.error: BaseException | None = None
 
 
-_slots: dict[str, _Slot] = {}
+_slots: dict[tuple[int, str], _Slot] = {}
 _slots_lock = threading.Lock()
 
 
 def get_model(pm: pluggy.PluginManager, model_dir: str) -> Any:
-    """Return the model for ``model_dir``, calling ``model_fn`` the first time only.
+    """Return the model of these plugins for ``model_dir``, calling ``model_fn`` the first time only.
 
     A ``model_fn`` that raised is not retried: every later call raises :class:`ModelLoadError`.
     """
-    slot = _slots.get(model_dir)
+    key = (id(pm), model_dir)
+    slot = _slots.get(key)
     if slot is not None and slot.loaded:  # the hot path takes no lock
         return slot.model
     with _slots_lock:
-        slot = _slots.setdefault(model_dir, _Slot())
+        slot = _slots.get(key) or _slots.setdefault(key, _Slot(pm))
     with slot.lock:
         if not slot.loaded and slot.error is None:
             _load(pm, model_dir, slot)
