@@ -183,3 +183,36 @@ def test_client_package_exports() -> None:
     assert set(client.__all__) == {name for name in vars(client) if not name.startswith("_")} - {"annotations"} - {
         name for name in vars(client) if type(getattr(client, name)).__name__ == "module"
     }
+
+
+SDK_NAMES = [
+    "NumpySerializer",
+    "JSONSerializer",
+    "CSVSerializer",
+    "JSONLinesSerializer",
+    "IdentitySerializer",
+    "NumpyDeserializer",
+    "JSONDeserializer",
+    "CSVDeserializer",
+    "JSONLinesDeserializer",
+    "BytesDeserializer",
+    "StringDeserializer",
+    "StreamDeserializer",
+    "PandasDeserializer",
+]
+
+
+@pytest.mark.parametrize("name", SDK_NAMES)
+def test_constructor_arguments_match_the_sdk(name: str) -> None:
+    """Each class the SageMaker SDK v2 also has takes the same constructor arguments, with the same defaults."""
+    import inspect
+
+    import sagemaker.deserializers
+    import sagemaker.serializers
+
+    sdk_module = sagemaker.serializers if name.endswith("Serializer") else sagemaker.deserializers
+
+    def arguments(cls: type) -> list[tuple[str, Any]]:
+        return [(p.name, p.default) for p in inspect.signature(cls.__init__).parameters.values()]
+
+    assert arguments(getattr(client, name)) == arguments(getattr(sdk_module, name))

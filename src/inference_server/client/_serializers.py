@@ -42,6 +42,9 @@ class BaseSerializer:
 class IdentitySerializer(BaseSerializer):
     """Sends bytes (or a str, as UTF-8) unchanged."""
 
+    def __init__(self, content_type: str = "application/octet-stream") -> None:
+        super().__init__(content_type)
+
     def _serialize(self, data: Any) -> bytes:
         return data.encode() if isinstance(data, str) else bytes(data)
 
