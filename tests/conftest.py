@@ -172,6 +172,18 @@ class Server:
         finally:
             connection.close()
 
+    def peak_rss(self) -> int:
+        """The largest peak resident memory (VmHWM, bytes) among the server's processes."""
+        pids = [self.process.pid]
+        children = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children")
+        pids += [int(pid) for pid in children.read_text().split()]
+        peaks = []
+        for pid in pids:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    peaks.append(int(line.split()[1]) * 1024)
+        return max(peaks)
+
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 15) -> int:
         if self.process.poll() is None:
             self.process.send_signal(sig)

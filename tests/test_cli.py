@@ -69,7 +69,7 @@ def test_sigterm_exits_cleanly(servers: Any) -> None:
     server = servers.start(plugins=[])
     started = time.monotonic()
     assert server.stop(signal.SIGTERM) == 0
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 10  # 'within a few seconds'; SageMaker kills at 30
     assert "Shutting down" in server.output()
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -156,15 +155,15 @@ def test_pickle_bearing_npy_is_refused_and_never_runs(echo: Any, tmp_path: Path)
     assert not marker.exists()
 
 
-def test_npz_bomb_is_refused_quickly(echo: Any, npz_bomb: Callable[..., bytes]) -> None:
-    """A 1.5 MB npz that would inflate to 1.5 GiB is refused in well under a second, before inflating."""
+def test_npz_bomb_is_refused_before_inflating(echo: Any, npz_bomb: Callable[..., bytes]) -> None:
+    """A 1.5 MB npz that would inflate to 1.5 GiB is refused by its declared size: the worker's peak memory
+    does not grow by anything near the bomb (no timing: machines here are noisy)."""
     body = npz_bomb(1536)
-    started = time.perf_counter()
+    before = echo.peak_rss()
     reply = echo.request("POST", "/invocations", body, {"Content-Type": NPZ})
-    elapsed = time.perf_counter() - started
     assert reply.status == 400
     assert "would inflate to 1610612864 bytes; at most 1073741824" in reply.json()["message"]
-    assert elapsed < 1.0
+    assert echo.peak_rss() - before < 100 << 20
 
 
 def test_declared_body_over_limit_is_413(echo: Any) -> None:
