@@ -83,12 +83,10 @@ def granian_app() -> App:
 
 def run_granian(app: App) -> None:
     """Serve with granian until SIGTERM; ``app`` was built in this process to check the plugins and settings."""
-    try:
-        from granian import Granian
-        from granian.constants import Interfaces
-        from granian.log import LogLevels
-    except ImportError:
-        raise SystemExit("--server granian needs granian: pip install 'inference-server[granian]'") from None
+    from granian import Granian
+    from granian.constants import Interfaces
+    from granian.log import LogLevels
+
     settings = app.settings
     Granian(
         f"{__name__}:granian_app",

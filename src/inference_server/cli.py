@@ -44,7 +44,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--timeout",
-        help="seconds a worker may stay unresponsive before it is restarted "
+        help="gunicorn only: seconds a worker may stay unresponsive before it is restarted "
         "(default: $SAGEMAKER_MODEL_SERVER_TIMEOUT, else 60)",
     )
     serve.add_argument(
