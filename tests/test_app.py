@@ -204,17 +204,6 @@ def test_two_plugin_packages_combine_hooks(servers: Any, plugin_site: Any) -> No
     assert (reply.status, reply.json()) == (200, [2, 4, 6])
 
 
-def test_chunked_request_body_is_read_whole(servers: Any) -> None:
-    """A ``Transfer-Encoding: chunked`` body reaches the hooks complete."""
-    server = servers.start(plugins=[])
-    parts = [b"a" * 100_000, b"b" * 3, b"c" * 70_000]
-    with contextlib.closing(server.connection()) as connection:
-        connection.request("POST", "/invocations", body=iter(parts), encode_chunked=True)
-        response = connection.getresponse()
-        assert response.status == 200
-        assert response.read() == b"".join(parts)
-
-
 def test_body_over_max_payload_is_413(servers: Any) -> None:
     """A declared length over SAGEMAKER_MAX_PAYLOAD_IN_MB is refused with 413, and the server keeps serving."""
     server = servers.start(plugins=[], env={"SAGEMAKER_MAX_PAYLOAD_IN_MB": "1"})

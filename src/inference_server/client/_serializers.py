@@ -19,10 +19,11 @@ from inference_server.codecs import arrow, json, npz
 class BaseSerializer:
     """Turns data into a request body of media type ``CONTENT_TYPE``."""
 
-    DEFAULT_CONTENT_TYPE = "application/octet-stream"
+    #: Whether a ``str`` (as UTF-8) or ``bytes`` is taken to be serialized already, as the SDK's text formats do.
+    TEXT_AS_IS = False
 
-    def __init__(self, content_type: str | None = None) -> None:
-        self.content_type = content_type or self.DEFAULT_CONTENT_TYPE
+    def __init__(self, content_type: str = "application/octet-stream") -> None:
+        self.content_type = content_type
 
     @property
     def CONTENT_TYPE(self) -> str:
@@ -33,6 +34,8 @@ class BaseSerializer:
         """Serialize ``data``; a file-like object (with ``read``) is sent as it is."""
         if hasattr(data, "read"):
             return bytes(data.read())
+        if self.TEXT_AS_IS and isinstance(data, (str, bytes)):
+            return data.encode() if isinstance(data, str) else data
         return self._serialize(data)
 
     def _serialize(self, data: Any) -> bytes:
@@ -42,17 +45,17 @@ class BaseSerializer:
 class IdentitySerializer(BaseSerializer):
     """Sends bytes (or a str, as UTF-8) unchanged."""
 
+    TEXT_AS_IS = True
+
     def __init__(self, content_type: str = "application/octet-stream") -> None:
         super().__init__(content_type)
 
     def _serialize(self, data: Any) -> bytes:
-        return data.encode() if isinstance(data, str) else bytes(data)
+        return bytes(data)
 
 
 class NumpySerializer(BaseSerializer):
     """An array (or anything ``np.asarray`` takes) as ``.npy``, cast to ``dtype`` if given."""
-
-    DEFAULT_CONTENT_TYPE = "application/x-npy"
 
     def __init__(self, dtype: Any = None, content_type: str = "application/x-npy") -> None:
         super().__init__(content_type)
@@ -68,8 +71,6 @@ class NumpySerializer(BaseSerializer):
 class NpzSerializer(BaseSerializer):
     """Several named arrays as ``.npz``: a dict (names kept), a tuple or list (``arr_0``...), or one array."""
 
-    DEFAULT_CONTENT_TYPE = npz.MEDIA_TYPE
-
     def __init__(self, content_type: str = npz.MEDIA_TYPE) -> None:
         super().__init__(content_type)
 
@@ -79,8 +80,6 @@ class NpzSerializer(BaseSerializer):
 
 class JSONSerializer(BaseSerializer):
     """Any JSON-able value, NumPy arrays and scalars included."""
-
-    DEFAULT_CONTENT_TYPE = json.MEDIA_TYPE
 
     def __init__(self, content_type: str = json.MEDIA_TYPE) -> None:
         super().__init__(content_type)
@@ -92,14 +91,12 @@ class JSONSerializer(BaseSerializer):
 class JSONLinesSerializer(BaseSerializer):
     """An iterable of records, one JSON document per line; a str is sent as it is."""
 
-    DEFAULT_CONTENT_TYPE = "application/jsonlines"
+    TEXT_AS_IS = True
 
     def __init__(self, content_type: str = "application/jsonlines") -> None:
         super().__init__(content_type)
 
     def _serialize(self, data: Any) -> bytes:
-        if isinstance(data, (str, bytes)):
-            return data.encode() if isinstance(data, str) else data
         return b"".join(json.dumps(record) + b"\n" for record in data)
 
 
@@ -110,14 +107,12 @@ def _is_row(value: Any) -> bool:
 class CSVSerializer(BaseSerializer):
     """Rows as CSV, as the SDK does: a 1-D sequence is one row, a 2-D one is several; a str is sent as it is."""
 
-    DEFAULT_CONTENT_TYPE = "text/csv"
+    TEXT_AS_IS = True
 
     def __init__(self, content_type: str = "text/csv") -> None:
         super().__init__(content_type)
 
     def _serialize(self, data: Any) -> bytes:
-        if isinstance(data, (str, bytes)):
-            return data.encode() if isinstance(data, str) else data
         if isinstance(data, np.ndarray):
             data = data.tolist()
         rows: Iterable[Any] = data
@@ -132,8 +127,6 @@ class CSVSerializer(BaseSerializer):
 
 class ArrowSerializer(BaseSerializer):
     """A pyarrow Table, RecordBatch, dict of 1-D arrays or pandas DataFrame as an Arrow IPC stream."""
-
-    DEFAULT_CONTENT_TYPE = arrow.STREAM
 
     def __init__(self, content_type: str = arrow.STREAM) -> None:
         super().__init__(content_type)
