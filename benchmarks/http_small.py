@@ -12,6 +12,7 @@ import argparse
 import contextlib
 import os
 import platform
+import textwrap
 import time
 
 import _harness as h
@@ -90,7 +91,7 @@ def main() -> None:
     rounds, seconds = (1, 3.0) if args.quick else (args.rounds, args.seconds)
     site = str(h.plugin_site({"json_echo": JSON_ECHO}))
     with open(os.path.join(site, "bare.py"), "w") as f:
-        f.write(__import__("textwrap").dedent(BARE))
+        f.write(textwrap.dedent(BARE))
     print(f"{platform.node()} {os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d')}, threads per worker {args.threads}")
     results: dict[str, dict[str, list[float]]] = {}
     with contextlib.ExitStack() as stack:
