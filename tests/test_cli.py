@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from inference_server import cli
@@ -76,10 +77,9 @@ def test_sigterm_exits_cleanly(servers: Any) -> None:
 def test_serve_is_the_server_process(servers: Any) -> None:
     """The process started as ``serve`` is the server itself, its workers are its children."""
     server = servers.start(plugins=[])
-    children = subprocess.run(
-        ["ps", "-o", "pid=", "--ppid", str(server.process.pid)], capture_output=True, text=True, check=False
-    ).stdout.split()
-    assert len(children) == 1  # one worker (--workers 1), forked by the process we started
+    pid = server.process.pid
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    assert len(children) == 1  # one worker (--workers 1), started by the process we started
 
 
 def test_plugin_failing_to_import_stops_start_up(servers: Any, plugin_site: Any) -> None:
