@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import functools
 import http
+import importlib.resources
 import logging
 import random
 import re
+import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -16,9 +19,17 @@ import werkzeug.exceptions
 import werkzeug.http
 from werkzeug.datastructures import MIMEAccept
 
-from inference_server import _model, _plugins, codecs
+from inference_server import _calls, _lifecycle, _model, _plugins, codecs
 from inference_server._settings import BatchStrategy, Settings
-from inference_server.errors import BadRequest, ConfigurationError, PayloadTooLarge
+from inference_server.errors import (
+    BadRequest,
+    ConfigurationError,
+    GatewayTimeout,
+    PayloadTooLarge,
+    RequestTimeout,
+    ServiceUnavailable,
+    URITooLong,
+)
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIEnvironment
@@ -36,6 +47,12 @@ _READ_BLOCK = 1 << 20
 _MB = 1 << 20
 _EMPTY = (("Content-Type", "text/plain"), ("Content-Length", "0"))
 CUSTOM_ATTRIBUTES = "X-Amzn-SageMaker-Custom-Attributes"
+#: Seconds ``ping_fn`` (and the model check) may take before /ping answers 503; SageMaker waits 2 s in all.
+PING_TIMEOUT = 1.0
+#: Seconds an overrunning request's work may go on after its 504 before the worker is replaced.
+RECYCLE_GRACE = 2.0
+#: Bytes of path and query string a request may have (414 beyond).
+MAX_URL_BYTES = 8192
 
 
 def execution_parameters(pm: pluggy.PluginManager) -> dict[str, Any]:
@@ -76,7 +93,14 @@ class App:
             "/ping": {"GET": self._ping},
             "/invocations": {"POST": self._invocations},
             "/execution-parameters": {"GET": self._execution_parameters},
+            "/openapi.json": {"GET": self._openapi},
         }
+        #: This process's share of the server's state when ``serve`` runs it (drain flag, requests in flight).
+        self.worker: _lifecycle.Worker | None = None
+        self._timeout = settings.timeout or None
+        self._model_slots = threading.BoundedSemaphore(settings.threads)
+        self._helpers = _calls.Pool("request")
+        self._pings = _calls.Pool("ping", limit=1)
 
     def model(self) -> Any:
         """The loaded model (loading it now if needed)."""
@@ -105,6 +129,8 @@ class App:
 
     def _dispatch(self, environ: WSGIEnvironment, method: str, request_id: str) -> Reply:
         path = environ.get("PATH_INFO") or "/"
+        if len(path) + len(environ.get("QUERY_STRING", "")) > MAX_URL_BYTES:
+            raise URITooLong(f"the path and query are longer than {MAX_URL_BYTES} bytes")
         methods = self._routes.get(path)
         if methods is None and path.startswith("/endpoints/") and path.endswith("/invocations"):
             methods = {"POST": self._runtime_invocations}  # SageMaker Runtime's InvokeEndpoint, any endpoint name
@@ -117,17 +143,35 @@ class App:
         return handler(environ, request_id)
 
     def _ping(self, environ: WSGIEnvironment, request_id: str) -> Reply:
+        """200 when the model is loaded, ``ping_fn`` says yes within PING_TIMEOUT and the server is not draining."""
+        if self.worker is not None and self.worker.draining:
+            return 503, list(_EMPTY), []
+        deadline = time.monotonic() + PING_TIMEOUT
         try:
-            healthy = self.pm.hook.ping_fn(model=self.model())
+            healthy = self._pings.run(self._healthy, lambda: deadline)
+        except _calls.TimedOut:
+            logger.warning("Ping: the model check took longer than %s s; answering 503", PING_TIMEOUT)
+            healthy = False
+        except _calls.Busy:
+            logger.warning("Ping: an earlier model check is still running; answering 503")
+            healthy = False
+        return (200 if healthy else 503), list(_EMPTY), []
+
+    def _healthy(self) -> bool:
+        try:
+            healthy = bool(self.pm.hook.ping_fn(model=self.model()))
         except _model.ModelLoadError:
-            healthy = False  # model_fn's traceback was logged when it failed
+            return False  # model_fn's traceback was logged when it failed
         except Exception:
             logger.exception("ping_fn raised; answering 503")
-            healthy = False
+            return False
         if not healthy:
-            logger.warning("Ping: unhealthy (the model failed to load or ping_fn returned False)")
-            return 503, list(_EMPTY), []
-        return 200, list(_EMPTY), []
+            logger.warning("Ping: ping_fn returned False; answering 503")
+        return healthy
+
+    def _openapi(self, environ: WSGIEnvironment, request_id: str) -> Reply:
+        body = _openapi_document()
+        return 200, [("Content-Type", "application/json"), ("Content-Length", str(len(body)))], [body]
 
     def _execution_parameters(self, environ: WSGIEnvironment, request_id: str) -> Reply:
         return _json_reply(200, self.execution_parameters)
@@ -155,14 +199,77 @@ class App:
         )
 
     def _invocations(self, environ: WSGIEnvironment, request_id: str) -> Reply:
-        model = self.model()
+        worker = self.worker
+        if worker is None:
+            return self._bounded(environ, request_id)
+        worker.enter()
+        try:
+            if worker.draining:
+                raise ServiceUnavailable("the server is shutting down; send the request again")
+            return self._bounded(environ, request_id)
+        finally:
+            worker.leave()
+
+    def _bounded(self, environ: WSGIEnvironment, request_id: str) -> Reply:
+        """Invoke on a helper thread and answer 408 or 504 if it overruns ``--read-timeout`` or ``--timeout``."""
+        if self._timeout is None:
+            return self._invoke(environ, None)
+        call = _calls.Call()
+        start = time.monotonic()
+        limit = min(self._timeout, self.settings.read_timeout)
+        read_deadline, deadline = start + limit, start + self._timeout
+
+        def current_deadline() -> float:
+            return read_deadline if call.stage is _calls.READING else deadline
+
+        try:
+            return self._helpers.run(functools.partial(self._invoke, environ, call), current_deadline)  # type: ignore[no-any-return]
+        except _calls.TimedOut as exc:
+            stage = call.cancel()
+            if stage is _calls.READING:
+                raise RequestTimeout(f"the request body did not arrive within {limit} s") from None
+            if stage is _calls.RUNNING:
+                self._helpers.interrupt(exc.helper)
+                timer = threading.Timer(RECYCLE_GRACE, self._recycle_if_stuck, (exc.helper, request_id))
+                timer.daemon = True
+                timer.start()
+            raise GatewayTimeout(
+                f"the request took longer than the server's timeout of {self._timeout} s (while {stage})"
+            ) from None
+
+    def _recycle_if_stuck(self, helper: Any, request_id: str) -> None:
+        if not helper.abandoned:
+            return
+        reason = f"request {request_id} was still running {RECYCLE_GRACE} s after its timeout"
+        if self.worker is not None:
+            self.worker.request_recycle(reason)
+        else:
+            logger.error("%s; this process cannot be replaced (it was not started by inference-server serve)", reason)
+
+    def _invoke(self, environ: WSGIEnvironment, call: _calls.Call | None) -> Reply:
         body = read_body(environ, self.max_body)
+        model = self.model()
         content_type = environ.get("CONTENT_TYPE") or "application/octet-stream"
         accept = _accept(environ.get("HTTP_ACCEPT") or "*/*")
+        if call is None:
+            with self._model_slots:
+                return self._hooks(body, content_type, accept, model)
+        call.take_slot(self._model_slots)
+        try:
+            return self._hooks(body, content_type, accept, model)
+        finally:
+            call.give_back()
+
+    def _hooks(self, body: bytearray, content_type: str, accept: MIMEAccept, model: Any) -> Reply:
         data = self._input_fn(input_data=body, content_type=content_type)
         prediction = self._predict_fn(data=data, model=model)
-        result = self._output_fn(prediction=prediction, accept=accept)
-        return _output_reply(result)
+        return _output_reply(self._output_fn(prediction=prediction, accept=accept))
+
+
+@functools.cache
+def _openapi_document() -> bytes:
+    """The OpenAPI description of the HTTP interface (``docs/openapi.yaml``, shipped as JSON)."""
+    return importlib.resources.files("inference_server").joinpath("openapi.json").read_bytes()
 
 
 @functools.lru_cache(maxsize=256)

@@ -129,7 +129,17 @@ class Settings:
     port: int = 8080
     workers: int = 1
     threads: int = 1
+    #: Seconds a request may take, from its first body byte to its answer (0: no limit); past it: 504.
     timeout: int = 60
+    #: Seconds a client may take to send a request's headers, and again its body; past it: 408 or a closed connection.
+    read_timeout: int = 30
+    #: Seconds requests in flight get to finish after SIGTERM; SageMaker sends SIGKILL 30 s after SIGTERM.
+    graceful_timeout: int = 25
+    #: Replace a worker after it served this many requests, plus up to ``max_requests_jitter`` (0: never).
+    max_requests: int = 0
+    max_requests_jitter: int = 0
+    #: Bytes of request line and headers a request may have; past it: 431 (414 for the URL alone).
+    max_header_bytes: int = 65536
     model_dir: str = DEFAULT_MODEL_DIR
     log_level: str = "info"
     default_accept: str | None = None
@@ -150,6 +160,11 @@ class Settings:
         workers: int | str | None = None,
         threads: int | str | None = None,
         timeout: int | str | None = None,
+        read_timeout: int | str | None = None,
+        graceful_timeout: int | str | None = None,
+        max_requests: int | str | None = None,
+        max_requests_jitter: int | str | None = None,
+        max_header_bytes: int | str | None = None,
         model_dir: str | None = None,
         log_level: str | None = None,
         server: str | None = None,
@@ -163,7 +178,18 @@ class Settings:
                 "workers", workers, env, "SAGEMAKER_MODEL_SERVER_WORKERS", _integer(1), os.cpu_count() or 1
             ),
             threads=_setting("threads", threads, env, "INFERENCE_SERVER_THREADS", _integer(1), 1),
-            timeout=_setting("timeout", timeout, env, "SAGEMAKER_MODEL_SERVER_TIMEOUT", _integer(1), 60),
+            timeout=_setting("timeout", timeout, env, "SAGEMAKER_MODEL_SERVER_TIMEOUT", _integer(0), 60),
+            read_timeout=_setting("read_timeout", read_timeout, env, "INFERENCE_SERVER_READ_TIMEOUT", _integer(1), 30),
+            graceful_timeout=_setting(
+                "graceful_timeout", graceful_timeout, env, "INFERENCE_SERVER_GRACEFUL_TIMEOUT", _integer(1), 25
+            ),
+            max_requests=_setting("max_requests", max_requests, env, "INFERENCE_SERVER_MAX_REQUESTS", _integer(0), 0),
+            max_requests_jitter=_setting(
+                "max_requests_jitter", max_requests_jitter, env, "INFERENCE_SERVER_MAX_REQUESTS_JITTER", _integer(0), 0
+            ),
+            max_header_bytes=_setting(
+                "max_header_bytes", max_header_bytes, env, "INFERENCE_SERVER_MAX_HEADER_BYTES", _integer(8192), 65536
+            ),
             model_dir=model_dir or env.get(MODEL_DIR_ENV) or DEFAULT_MODEL_DIR,
             log_level=_setting("log_level", log_level, env, "INFERENCE_SERVER_LOG_LEVEL", _log_level, "info"),
             default_accept=env.get("SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT") or None,

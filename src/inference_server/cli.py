@@ -44,8 +44,34 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--timeout",
-        help="gunicorn only: seconds a worker may stay unresponsive before it is restarted "
+        help="seconds a request may take before it is answered 504; work that cannot be stopped gets its worker "
+        "replaced; 0: no limit, and requests run on the server's threads, a little faster "
         "(default: $SAGEMAKER_MODEL_SERVER_TIMEOUT, else 60)",
+    )
+    serve.add_argument(
+        "--read-timeout",
+        help="seconds a client may take to send a request's headers (else the connection is closed), and again its "
+        "body (else 408) (default: $INFERENCE_SERVER_READ_TIMEOUT, else 30)",
+    )
+    serve.add_argument(
+        "--graceful-timeout",
+        help="seconds requests in flight get to finish after SIGTERM, while /ping and new requests get 503 "
+        "(default: $INFERENCE_SERVER_GRACEFUL_TIMEOUT, else 25; SageMaker kills at 30)",
+    )
+    serve.add_argument(
+        "--max-requests",
+        help="replace a worker after it served this many requests, to contain leaks in model code; 0: never "
+        "(default: $INFERENCE_SERVER_MAX_REQUESTS, else 0)",
+    )
+    serve.add_argument(
+        "--max-requests-jitter",
+        help="add up to this many requests to each worker's --max-requests so that workers restart apart "
+        "(default: $INFERENCE_SERVER_MAX_REQUESTS_JITTER, else 0)",
+    )
+    serve.add_argument(
+        "--max-header-bytes",
+        help="largest request line and headers accepted, in bytes; beyond it 431 "
+        "(default: $INFERENCE_SERVER_MAX_HEADER_BYTES, else 65536)",
     )
     serve.add_argument(
         "--model-dir", help=f"directory passed to model_fn (default: ${MODEL_DIR_ENV}, else /opt/ml/model)"
@@ -77,6 +103,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             workers=args.workers,
             threads=args.threads,
             timeout=args.timeout,
+            read_timeout=args.read_timeout,
+            graceful_timeout=args.graceful_timeout,
+            max_requests=args.max_requests,
+            max_requests_jitter=args.max_requests_jitter,
+            max_header_bytes=args.max_header_bytes,
             model_dir=args.model_dir,
             log_level=args.log_level,
             server=args.server,
@@ -87,7 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def serve(settings: Settings) -> int:
-    """Check the plugins and settings, then serve until SIGTERM; return the exit status."""
+    """Check the plugins and settings, then serve until SIGTERM; return the exit status (1 if the drain timed out)."""
     logging.basicConfig(
         level=settings.log_level_number, format="%(asctime)s [%(process)d] [%(levelname)s] %(name)s: %(message)s"
     )
@@ -101,7 +132,6 @@ def serve(settings: Settings) -> int:
     from inference_server import _server
 
     if settings.server == "granian":
-        _server.run_granian(app)
-    else:
-        _server.GunicornServer(app).run()
+        return _server.run_granian(app)
+    _server.GunicornServer(app).run()  # exits the process itself
     return 0

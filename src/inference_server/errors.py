@@ -9,10 +9,13 @@ Catch :class:`InferenceServerError` for anything this package raises on purpose:
     └── HTTPError (werkzeug HTTPException) an answer with a status, raised on the request path
         ├── BadRequest            400
         │   └── DecodeError (ValueError)  a body the built-in codecs cannot decode
+        ├── RequestTimeout        408   the client took longer than the read timeout to send its request
         ├── PayloadTooLarge       413
+        ├── URITooLong            414
         ├── UnsupportedMediaType  415
         ├── NotAcceptable         406
-        └── ServiceUnavailable    503
+        ├── ServiceUnavailable    503
+        └── GatewayTimeout        504   handling the request took longer than the timeout
 
 A hook may raise any :class:`werkzeug.exceptions.HTTPException` (these included) to choose the status of the
 response; the message is its ``description``.
@@ -26,13 +29,16 @@ __all__ = [
     "BadRequest",
     "ConfigurationError",
     "DecodeError",
+    "GatewayTimeout",
     "HTTPError",
     "InferenceServerError",
     "NotAcceptable",
     "PayloadTooLarge",
     "PluginError",
     "PredictionError",
+    "RequestTimeout",
     "ServiceUnavailable",
+    "URITooLong",
     "UnsupportedMediaType",
 ]
 
@@ -72,8 +78,16 @@ class DecodeError(BadRequest, ValueError):
     """400: the body is not valid for its declared media type."""
 
 
+class RequestTimeout(HTTPError, werkzeug.exceptions.RequestTimeout):
+    """408: the client did not send its whole request within the read timeout."""
+
+
 class PayloadTooLarge(HTTPError, werkzeug.exceptions.RequestEntityTooLarge):
     """413: the body is larger than ``MaxPayloadInMB``."""
+
+
+class URITooLong(HTTPError, werkzeug.exceptions.RequestURITooLarge):
+    """414: the request's path and query are longer than the server accepts."""
 
 
 class UnsupportedMediaType(HTTPError, werkzeug.exceptions.UnsupportedMediaType):
@@ -86,3 +100,7 @@ class NotAcceptable(HTTPError, werkzeug.exceptions.NotAcceptable):
 
 class ServiceUnavailable(HTTPError, werkzeug.exceptions.ServiceUnavailable):
     """503: the model is not loaded or not healthy."""
+
+
+class GatewayTimeout(HTTPError, werkzeug.exceptions.GatewayTimeout):
+    """504: handling the request took longer than the server's timeout; the work was stopped or abandoned."""

@@ -1,0 +1,150 @@
+"""What the serving process and its workers share: the drain flag, each worker's requests in flight, recycling.
+
+``serve`` makes a private run directory and names it in ``INFERENCE_SERVER_RUN_DIR`` before the workers start. It
+holds ``control``, whose first byte says "draining", and one 8-byte file per worker, ``worker-PID``, counting that
+worker's requests in flight. Both are memory-mapped: a request reads the flag and updates its count without a
+system call. A worker that must be replaced (too many requests served, work stuck past its timeout) asks for it
+through ``recycle`` (set by the server backend).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import mmap
+import os
+import random
+import shutil
+import struct
+import tempfile
+import threading
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+logger = logging.getLogger("inference_server")
+
+RUN_DIR_ENV = "INFERENCE_SERVER_RUN_DIR"
+_COUNT = struct.Struct("<q")
+
+
+def _map(path: Path, *, write: bool) -> mmap.mmap:
+    with open(path, "r+b" if write else "rb") as file:
+        return mmap.mmap(file.fileno(), _COUNT.size, access=mmap.ACCESS_WRITE if write else mmap.ACCESS_READ)
+
+
+class Supervisor:
+    """The serving process's side: start draining, count the workers' requests in flight, hear recycle requests."""
+
+    def __init__(self) -> None:
+        self.path = Path(tempfile.mkdtemp(prefix="inference-server-"))
+        (self.path / "control").write_bytes(bytes(_COUNT.size))
+        self._control = _map(self.path / "control", write=True)
+        os.environ[RUN_DIR_ENV] = str(self.path)
+
+    @property
+    def draining(self) -> bool:
+        """True once :meth:`start_drain` was called."""
+        return self._control[0] == 1
+
+    def start_drain(self) -> None:
+        """Tell every worker to answer ``/ping`` and new invocations with 503 from now on."""
+        self._control[0] = 1
+
+    def in_flight(self, pids: Iterable[int]) -> int:
+        """Requests the workers ``pids`` are handling now (a worker not yet serving counts none)."""
+        total = 0
+        for pid in pids:
+            with contextlib.suppress(OSError, ValueError):
+                total += _COUNT.unpack(_map(self.path / f"worker-{pid}", write=False))[0]
+        return total
+
+    def recycle_requests(self) -> dict[int, str]:
+        """Worker pid -> reason, for each worker that asked to be replaced since the last call."""
+        requests = {}
+        for path in self.path.glob("recycle-*"):
+            with contextlib.suppress(OSError, ValueError):
+                requests[int(path.name.removeprefix("recycle-"))] = path.read_text()
+                path.unlink()
+        return requests
+
+    def forget(self, pid: int) -> None:
+        """Drop the files of a worker that has exited."""
+        for name in (f"worker-{pid}", f"recycle-{pid}"):
+            with contextlib.suppress(OSError):
+                (self.path / name).unlink()
+
+    def close(self) -> None:
+        """Remove the run directory."""
+        self._control.close()
+        os.environ.pop(RUN_DIR_ENV, None)
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+class Worker:
+    """A worker process's side: the drain flag, its own requests in flight, and asking to be replaced."""
+
+    def __init__(self, path: Path, recycle: Callable[[str], None], max_requests: int = 0, jitter: int = 0) -> None:
+        self._control = _map(path / "control", write=False)
+        own = path / f"worker-{os.getpid()}"
+        own.write_bytes(bytes(_COUNT.size))
+        self._count = _map(own, write=True)
+        self._lock = threading.Lock()
+        self._in_flight = 0
+        self._served = 0
+        #: Ask to be replaced after this many requests (0: never); the jitter spreads workers' restarts apart.
+        self.max_requests = max_requests + random.randint(0, jitter) if max_requests else 0
+        self._recycle = recycle
+        self.recycling = False
+
+    @classmethod
+    def attach(cls, recycle: Callable[[str], None], max_requests: int = 0, jitter: int = 0) -> Worker | None:
+        """The worker state of this process when ``serve`` runs it, else None (the app in another server)."""
+        path = os.environ.get(RUN_DIR_ENV)
+        if not path or not os.path.isdir(path):
+            return None
+        return cls(Path(path), recycle, max_requests, jitter)
+
+    @property
+    def draining(self) -> bool:
+        """True once the server was asked to stop: new work is refused while work in flight finishes."""
+        return self._control[0] == 1
+
+    def enter(self) -> None:
+        """A request started."""
+        with self._lock:
+            self._in_flight += 1
+            _COUNT.pack_into(self._count, 0, self._in_flight)
+
+    def leave(self) -> None:
+        """A request ended (answered); may ask for this worker to be replaced after ``max_requests``."""
+        with self._lock:
+            self._in_flight -= 1
+            _COUNT.pack_into(self._count, 0, self._in_flight)
+            self._served += 1
+            served = self._served
+        if self.max_requests and served >= self.max_requests:
+            self.request_recycle(f"it has served {served} requests (--max-requests)")
+
+    def request_recycle(self, reason: str) -> None:
+        """Ask (once) for this worker to be replaced: it finishes its requests in flight, a new one takes over."""
+        if self.recycling:
+            return
+        self.recycling = True
+        logger.warning("Worker %d asks to be replaced: %s", os.getpid(), reason)
+        self._recycle(reason)
+
+
+def recycle_by_supervisor(reason: str) -> None:
+    """Ask the serving process (our parent) to replace this worker: leave a note, then signal it (SIGUSR1)."""
+    import signal
+
+    path = Path(os.environ[RUN_DIR_ENV]) / f"recycle-{os.getpid()}"
+    path.write_text(reason)
+    os.kill(os.getppid(), signal.SIGUSR1)
+
+
+def recycle_self(reason: str) -> None:
+    """Stop this worker gracefully (SIGTERM to itself); the serving process starts a new one."""
+    import signal
+
+    os.kill(os.getpid(), signal.SIGTERM)
