@@ -58,23 +58,23 @@ class Supervisor:
                 total += _COUNT.unpack(_map(self.path / f"worker-{pid}", write=False))[0]
         return total
 
-    def recycle_requests(self) -> dict[int, str]:
-        """Worker pid -> reason, for each worker that asked to be replaced since the last call."""
-        requests = {}
-        for path in self.path.glob("recycle-*"):
-            with contextlib.suppress(OSError, ValueError):
-                requests[int(path.name.removeprefix("recycle-"))] = path.read_text()
-                path.unlink()
-        return requests
+    def ready(self, pid: int) -> bool:
+        """True once worker ``pid`` has loaded the model and serves."""
+        return (self.path / f"ready-{pid}").exists()
 
-    def forget(self, pid: int) -> None:
-        """Drop the files of a worker that has exited."""
-        for name in (f"worker-{pid}", f"recycle-{pid}"):
+    def recycle_requests(self, pids: Iterable[int]) -> list[int]:
+        """Those of the workers ``pids`` that asked to be replaced since the last call (others' requests wait)."""
+        asked = []
+        for pid in pids:
             with contextlib.suppress(OSError):
-                (self.path / name).unlink()
+                (self.path / f"recycle-{pid}").unlink()
+                asked.append(pid)
+        return asked
 
     def close(self) -> None:
-        """Remove the run directory."""
+        """Remove the run directory (again: nothing happens)."""
+        if self._control.closed:
+            return
         self._control.close()
         os.environ.pop(RUN_DIR_ENV, None)
         shutil.rmtree(self.path, ignore_errors=True)
@@ -95,6 +95,7 @@ class Worker:
         self.max_requests = max_requests + random.randint(0, jitter) if max_requests else 0
         self._recycle = recycle
         self.recycling = False
+        self._ready = path / f"ready-{os.getpid()}"
 
     @classmethod
     def attach(cls, recycle: Callable[[str], None], max_requests: int = 0, jitter: int = 0) -> Worker | None:
@@ -103,6 +104,10 @@ class Worker:
         if not path or not os.path.isdir(path):
             return None
         return cls(Path(path), recycle, max_requests, jitter)
+
+    def mark_ready(self) -> None:
+        """Tell the serving process that this worker has loaded the model."""
+        self._ready.touch()
 
     @property
     def draining(self) -> bool:

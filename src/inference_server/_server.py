@@ -35,8 +35,10 @@ KEEPALIVE = 65
 #: Server threads per worker beyond the model's own (``--threads``): /ping and requests waiting for the model must
 #: not queue inside the server, where they could neither be answered quickly nor be counted while draining.
 EXTRA_SERVER_THREADS = 32
-#: How often the serving process checks whether a drain has finished.
+#: How often the serving process checks whether a drain has finished or a new worker is ready.
 _DRAIN_POLL = 0.05
+#: Seconds a replaced worker goes on serving while its successor loads the model, at most.
+_READY_WAIT = 120.0
 
 
 def server_threads(settings: Settings) -> int:
@@ -181,6 +183,8 @@ def granian_app() -> App:
         _lifecycle.recycle_by_supervisor, settings.max_requests, settings.max_requests_jitter
     )
     _load_model(app)
+    if app.worker is not None:
+        app.worker.mark_ready()
     return app
 
 
@@ -202,6 +206,7 @@ def run_granian(app: App) -> int:
         """granian's process supervisor, draining on SIGTERM and replacing workers that ask for it."""
 
         drain = _Drain(app.settings)
+        replacing: set[int] = set()  # noqa: RUF012  (one server per process)
 
         def _pids(self) -> list[int]:
             return [worker.inner.pid for worker in self.wrks if worker.inner.pid]
@@ -222,16 +227,39 @@ def run_granian(app: App) -> int:
             self.interrupt_signal = True
             self.main_loop_interrupt.set()
 
-        def _replace_workers(self, signum: int, frame: Any) -> None:
-            requests = self.drain.supervisor.recycle_requests()
+        def _replace_workers(self, signum: int = signal.SIGUSR1, frame: Any = None) -> None:
             if self.drain.deadline is not None:
                 return  # every worker stops soon anyway
+            asked = self.drain.supervisor.recycle_requests(self._pids())
             for worker in self.wrks:
-                if worker.inner.pid in requests:
+                if worker.inner.pid in asked:
                     # granian's own path for a failed worker: start a new one, then stop the old one gracefully
                     self.respawned_wrks.pop(worker.idx, None)  # a requested replacement is not a crash loop
+                    self.replacing.add(worker.idx)
                     self.interrupt_children.append(worker.idx)
-            self.main_loop_interrupt.set()
+            if asked:
+                self.main_loop_interrupt.set()
+
+        def _respawn_workers(self, workers: Any, spawn_target: Any, target_loader: Any, delay: float = 0) -> None:
+            super()._respawn_workers(workers, spawn_target, target_loader, delay)
+            self._replace_workers()  # requests from workers that were starting meanwhile
+
+        def _spawn_worker(self, idx: int, target: Any, callback_loader: Any) -> Any:  # type: ignore[override]
+            worker: Any = super()._spawn_worker(idx, target, callback_loader)
+            if idx in self.replacing:  # the old worker stops only once the new one serves (each has its socket)
+                self.replacing.discard(idx)
+                start = worker.start
+
+                def start_and_wait() -> None:
+                    start()
+                    deadline = time.monotonic() + _READY_WAIT
+                    while not self.drain.supervisor.ready(worker.inner.pid) and time.monotonic() < deadline:
+                        if not worker.is_alive():
+                            break
+                        time.sleep(_DRAIN_POLL)
+
+                worker.start = start_and_wait
+            return worker
 
     settings = app.settings
     server = Server(

@@ -121,6 +121,27 @@ def env_max_payload_in_mb(environ: Mapping[str, str] = os.environ) -> int:
     return _from_env(environ, "SAGEMAKER_MAX_PAYLOAD_IN_MB", _integer(0), 6)
 
 
+def _model_dir(text: str) -> str:
+    return text
+
+
+#: Settings read from environment variables: field -> (variable, parser, default).
+VARIABLES: dict[str, tuple[str, Callable[[str], object], object]] = {
+    "port": ("SAGEMAKER_BIND_TO_PORT", _port, 8080),
+    "workers": ("SAGEMAKER_MODEL_SERVER_WORKERS", _integer(1), os.cpu_count() or 1),
+    "threads": ("INFERENCE_SERVER_THREADS", _integer(1), 1),
+    "timeout": ("SAGEMAKER_MODEL_SERVER_TIMEOUT", _integer(0), 60),
+    "read_timeout": ("INFERENCE_SERVER_READ_TIMEOUT", _integer(1), 30),
+    "graceful_timeout": ("INFERENCE_SERVER_GRACEFUL_TIMEOUT", _integer(1), 25),
+    "max_requests": ("INFERENCE_SERVER_MAX_REQUESTS", _integer(0), 0),
+    "max_requests_jitter": ("INFERENCE_SERVER_MAX_REQUESTS_JITTER", _integer(0), 0),
+    "max_header_bytes": ("INFERENCE_SERVER_MAX_HEADER_BYTES", _integer(8192), 65536),
+    "model_dir": (MODEL_DIR_ENV, _model_dir, DEFAULT_MODEL_DIR),
+    "log_level": ("INFERENCE_SERVER_LOG_LEVEL", _log_level, "info"),
+    "server": ("INFERENCE_SERVER_BACKEND", _server, "granian"),
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class Settings:
     """Everything the server reads from its environment, validated once at start-up."""
@@ -128,6 +149,7 @@ class Settings:
     host: str = "0.0.0.0"
     port: int = 8080
     workers: int = 1
+    #: Hook calls a worker runs at once; above 1 the model must be thread-safe.
     threads: int = 1
     #: Seconds a request may take, from its first body byte to its answer (0: no limit); past it: 504.
     timeout: int = 60
@@ -152,46 +174,26 @@ class Settings:
 
     @classmethod
     def from_env(
-        cls,
-        environ: Mapping[str, str] | None = None,
-        *,
-        host: str | None = None,
-        port: int | str | None = None,
-        workers: int | str | None = None,
-        threads: int | str | None = None,
-        timeout: int | str | None = None,
-        read_timeout: int | str | None = None,
-        graceful_timeout: int | str | None = None,
-        max_requests: int | str | None = None,
-        max_requests_jitter: int | str | None = None,
-        max_header_bytes: int | str | None = None,
-        model_dir: str | None = None,
-        log_level: str | None = None,
-        server: str | None = None,
+        cls, environ: Mapping[str, str] | None = None, *, host: str | None = None, **options: object
     ) -> Settings:
-        """Build settings from environment variables; arguments that are not ``None`` (the command line) win."""
+        """Build settings from environment variables; ``options`` that are not ``None`` (the command line) win.
+
+        ``options`` are fields of :data:`VARIABLES`; an invalid value names its option or variable.
+        """
         env = os.environ if environ is None else environ
+        unknown = set(options) - set(VARIABLES)
+        if unknown:
+            raise TypeError(f"unknown settings: {', '.join(sorted(unknown))}")
+        values = {
+            field: _setting(field, options.get(field), env, name, parse, default)
+            for field, (name, parse, default) in VARIABLES.items()
+        }
         return cls(
             host=host or "0.0.0.0",
-            port=_setting("port", port, env, "SAGEMAKER_BIND_TO_PORT", _port, 8080),
-            workers=_setting(
-                "workers", workers, env, "SAGEMAKER_MODEL_SERVER_WORKERS", _integer(1), os.cpu_count() or 1
-            ),
-            threads=_setting("threads", threads, env, "INFERENCE_SERVER_THREADS", _integer(1), 1),
-            timeout=_setting("timeout", timeout, env, "SAGEMAKER_MODEL_SERVER_TIMEOUT", _integer(0), 60),
-            read_timeout=_setting("read_timeout", read_timeout, env, "INFERENCE_SERVER_READ_TIMEOUT", _integer(1), 30),
-            graceful_timeout=_setting(
-                "graceful_timeout", graceful_timeout, env, "INFERENCE_SERVER_GRACEFUL_TIMEOUT", _integer(1), 25
-            ),
-            max_requests=_setting("max_requests", max_requests, env, "INFERENCE_SERVER_MAX_REQUESTS", _integer(0), 0),
-            max_requests_jitter=_setting(
-                "max_requests_jitter", max_requests_jitter, env, "INFERENCE_SERVER_MAX_REQUESTS_JITTER", _integer(0), 0
-            ),
-            max_header_bytes=_setting(
-                "max_header_bytes", max_header_bytes, env, "INFERENCE_SERVER_MAX_HEADER_BYTES", _integer(8192), 65536
-            ),
-            model_dir=model_dir or env.get(MODEL_DIR_ENV) or DEFAULT_MODEL_DIR,
-            log_level=_setting("log_level", log_level, env, "INFERENCE_SERVER_LOG_LEVEL", _log_level, "info"),
             default_accept=env.get("SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT") or None,
-            server=_setting("server", server, env, "INFERENCE_SERVER_BACKEND", _server, "granian"),
+            **values,  # type: ignore[arg-type]
         )
+
+    def environ(self) -> dict[str, str]:
+        """The environment variables that make :meth:`from_env` give these settings again (in worker processes)."""
+        return {name: str(getattr(self, field)) for field, (name, _, _) in VARIABLES.items()}

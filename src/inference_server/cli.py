@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import inference_server
 from inference_server import _plugins
 from inference_server._app import App
-from inference_server._settings import MODEL_DIR_ENV, SERVERS, Settings
+from inference_server._settings import MODEL_DIR_ENV, SERVERS, VARIABLES, Settings
 from inference_server.errors import ConfigurationError, PluginError
 
 logger = logging.getLogger("inference_server")
@@ -97,21 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return 2
     try:
-        settings = Settings.from_env(
-            host=args.host,
-            port=args.port,
-            workers=args.workers,
-            threads=args.threads,
-            timeout=args.timeout,
-            read_timeout=args.read_timeout,
-            graceful_timeout=args.graceful_timeout,
-            max_requests=args.max_requests,
-            max_requests_jitter=args.max_requests_jitter,
-            max_header_bytes=args.max_header_bytes,
-            model_dir=args.model_dir,
-            log_level=args.log_level,
-            server=args.server,
-        )
+        settings = Settings.from_env(host=args.host, **{field: getattr(args, field) for field in VARIABLES})
     except ConfigurationError as exc:
         parser.exit(2, f"inference-server: error: {exc}\n")
     return serve(settings)
@@ -122,7 +108,7 @@ def serve(settings: Settings) -> int:
     logging.basicConfig(
         level=settings.log_level_number, format="%(asctime)s [%(process)d] [%(levelname)s] %(name)s: %(message)s"
     )
-    os.environ[MODEL_DIR_ENV] = settings.model_dir  # so that create_app() and warmup() in user code agree
+    os.environ.update(settings.environ())  # worker processes, create_app() and warmup() in user code agree
     try:
         app = App(settings, _plugins.manager())
     except (PluginError, ConfigurationError) as exc:

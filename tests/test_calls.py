@@ -1,0 +1,149 @@
+"""Helper threads that let a request be answered when its work overruns."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+
+from inference_server import _calls
+
+
+def _within(seconds: float) -> Callable[[], float]:
+    """A fixed deadline ``seconds`` from now, as Pool.run asks for it."""
+    end = time.monotonic() + seconds
+    return lambda: end
+
+
+def test_run_returns_the_result_and_reuses_the_thread() -> None:
+    """Work runs on a helper thread; the same helper serves the next call."""
+    pool = _calls.Pool("test")
+    names = [pool.run(lambda: threading.current_thread().name, _within(5)) for _ in range(3)]
+    assert names[0] != threading.current_thread().name
+    assert len(set(names)) == 1
+    assert pool.size == 1
+
+
+def test_run_reraises_the_work_exception() -> None:
+    """An exception in the work is raised in the waiting thread."""
+    pool = _calls.Pool("test")
+
+    def fail() -> None:
+        raise KeyError("missing")
+
+    with pytest.raises(KeyError, match="missing"):
+        pool.run(fail, _within(5))
+    assert pool.run(lambda: 7, _within(5)) == 7
+
+
+def test_overrun_raises_timed_out_and_the_helper_comes_back() -> None:
+    """Past the deadline the waiter gets TimedOut; the abandoned helper rejoins the pool when its work ends."""
+    pool = _calls.Pool("test")
+    release = threading.Event()
+    started = time.monotonic()
+    with pytest.raises(_calls.TimedOut) as caught:
+        pool.run(release.wait, lambda: started + 0.2)
+    assert 0.2 <= time.monotonic() - started < 1
+    assert caught.value.helper.abandoned
+    assert not pool.idle
+    release.set()
+    for _ in range(100):
+        if pool.idle:
+            break
+        time.sleep(0.01)
+    assert pool.idle == [caught.value.helper]
+    assert not caught.value.helper.abandoned
+    assert pool.run(lambda: "again", _within(5)) == "again"
+    assert pool.size == 1
+
+
+def test_a_moving_deadline_is_followed() -> None:
+    """The deadline is asked again when a wait ends: work that moved on to a later deadline is waited for."""
+    pool = _calls.Pool("test")
+    call = _calls.Call()
+    start = time.monotonic()
+
+    def work() -> str:
+        call.enter(_calls.RUNNING)
+        time.sleep(0.3)
+        return "done"
+
+    assert pool.run(work, lambda: start + (0.1 if call.stage == _calls.READING else 5)) == "done"
+
+
+def test_limit_makes_a_busy_pool_refuse() -> None:
+    """A pool with a limit raises Busy while all its helpers run abandoned work."""
+    pool = _calls.Pool("ping", limit=1)
+    release = threading.Event()
+    with pytest.raises(_calls.TimedOut):
+        pool.run(release.wait, _within(0.05))
+    with pytest.raises(_calls.Busy):
+        pool.run(lambda: True, _within(1))
+    release.set()
+    time.sleep(0.1)
+    assert pool.run(lambda: True, _within(1)) is True
+
+
+def test_interrupt_stops_python_code() -> None:
+    """An abandoned helper busy in Python code is interrupted with Cancelled and rejoins the pool."""
+    pool = _calls.Pool("test")
+    stopped = threading.Event()
+
+    def spin() -> None:
+        try:
+            while True:
+                pass
+        except _calls.Cancelled:
+            stopped.set()
+            raise
+
+    with pytest.raises(_calls.TimedOut) as caught:
+        pool.run(spin, _within(0.1))
+    assert pool.interrupt(caught.value.helper)
+    assert stopped.wait(5)
+    for _ in range(100):
+        if pool.idle:
+            break
+        time.sleep(0.01)
+    assert pool.idle
+    assert not pool.interrupt(caught.value.helper)
+
+
+def test_cancelled_call_gives_back_its_slot_once() -> None:
+    """Cancelling a call returns its model slot; the work's own give_back is then a no-op; later stages stop."""
+    slots = threading.BoundedSemaphore(1)
+    call = _calls.Call()
+    call.take_slot(slots)
+    assert call.stage == _calls.RUNNING
+    assert not slots.acquire(blocking=False)
+    assert call.cancel() == _calls.RUNNING
+    call.give_back()  # BoundedSemaphore raises if released twice
+    assert slots.acquire(blocking=False)
+    with pytest.raises(_calls.Cancelled):
+        call.enter(_calls.RUNNING)
+    slots.release()
+
+
+def test_cancelled_call_waiting_for_a_slot_does_not_keep_it() -> None:
+    """A call cancelled while it waited for the model releases the slot it gets and stops."""
+    slots = threading.BoundedSemaphore(1)
+    slots.acquire()
+    call = _calls.Call()
+    errors: list[BaseException] = []
+
+    def wait_for_slot() -> None:
+        try:
+            call.take_slot(slots)
+        except BaseException as exc:
+            errors.append(exc)
+
+    waiter = threading.Thread(target=wait_for_slot)
+    waiter.start()
+    time.sleep(0.05)
+    assert call.cancel() == _calls.WAITING
+    slots.release()
+    waiter.join(5)
+    assert isinstance(errors[0], _calls.Cancelled)
+    assert slots.acquire(blocking=False)

@@ -1,0 +1,320 @@
+"""A server's life on both backends: draining on SIGTERM, replacing dead and recycled workers, timeouts, limits.
+
+Real servers in subprocesses; the model sleeps on request (``sleep SECONDS``) and says which worker answered."""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import os
+import signal
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+OCTETS = "application/octet-stream"
+SLOW = """
+    import os
+    import time
+
+    import inference_server
+
+    @inference_server.plugin_hook
+    def predict_fn(data, model):
+        text = bytes(data)
+        if text.startswith(b"sleep "):
+            time.sleep(float(text.split()[1]))
+        if text == b"pid":
+            return str(os.getpid()).encode()
+        return data
+"""
+
+
+@pytest.fixture(params=["granian", "gunicorn"])
+def backend(request: pytest.FixtureRequest, plugin_site: Any) -> str:
+    """Each HTTP server backend, with the sleeping model installed."""
+    plugin_site.add("slow", SLOW)
+    return str(request.param)
+
+
+def _children(pid: int) -> set[int]:
+    return {int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()}
+
+
+def _wait_for(condition: Any, deadline: float, message: str) -> None:
+    end = time.monotonic() + deadline
+    while not condition():
+        if time.monotonic() > end:
+            raise AssertionError(message)
+        time.sleep(0.05)
+
+
+def _post(server: Any, body: bytes, timeout: float = 30) -> Any:
+    return server.request("POST", "/invocations", body, {"Content-Type": OCTETS}, timeout=timeout)
+
+
+def _post_ignoring_errors(server: Any, body: bytes) -> None:
+    with contextlib.suppress(OSError):
+        _post(server, body)
+
+
+def test_sigterm_drains_requests_in_flight(servers: Any, backend: str) -> None:
+    """SIGTERM during 20 slow requests: /ping and new work get 503, all 20 are answered, then exit 0."""
+    server = servers.start("--server", backend, "--workers", "2", "--threads", "4")
+    replies: list[Any] = []
+    clients = [threading.Thread(target=lambda: replies.append(_post(server, b"sleep 1.5"))) for _ in range(20)]
+    for client in clients:
+        client.start()
+    time.sleep(0.5)  # every request is in the server
+    server.process.send_signal(signal.SIGTERM)
+    time.sleep(0.2)
+    assert server.request("GET", "/ping").status == 503
+    refused = _post(server, b"late")
+    assert refused.status == 503
+    assert "shutting down" in refused.json()["message"]
+    for client in clients:
+        client.join(30)
+    assert [(reply.status, reply.body) for reply in replies] == [(200, b"sleep 1.5")] * 20
+    assert server.process.wait(20) == 0
+
+
+def test_second_sigterm_exits_at_once(servers: Any, backend: str) -> None:
+    """A second SIGTERM during a drain kills the workers and exits at once with 128 + 15."""
+    server = servers.start("--server", backend)
+    client = threading.Thread(target=_post_ignoring_errors, args=(server, b"sleep 30"))
+    client.start()
+    time.sleep(0.5)
+    server.process.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    assert server.process.poll() is None  # draining: the request has 25 s
+    workers = _children(server.process.pid)
+    started = time.monotonic()
+    server.process.send_signal(signal.SIGTERM)
+    assert server.process.wait(5) == 128 + signal.SIGTERM
+    assert time.monotonic() - started < 3
+    _wait_for(lambda: not any(Path(f"/proc/{pid}").exists() for pid in workers), 5, "workers still alive")
+    client.join(10)
+
+
+def test_drain_stops_at_the_graceful_timeout(servers: Any, backend: str) -> None:
+    """A request longer than --graceful-timeout does not hold the exit: status 1 once the grace period is over."""
+    server = servers.start("--server", backend, "--graceful-timeout", "1")
+    client = threading.Thread(target=_post_ignoring_errors, args=(server, b"sleep 30"))
+    client.start()
+    time.sleep(0.5)
+    started = time.monotonic()
+    server.process.send_signal(signal.SIGTERM)
+    assert server.process.wait(10) == 1
+    assert time.monotonic() - started < 5
+    assert "Grace period of 1 s over with 1 request(s) in flight" in server.output()
+    client.join(10)
+
+
+def test_killed_worker_is_replaced(servers: Any, backend: str) -> None:
+    """kill -9 of a worker under load: a new worker serves within 5 s and every later request succeeds."""
+    server = servers.start("--server", backend, "--workers", "2")
+    _wait_for(lambda: len(_children(server.process.pid)) == 2, 10, "two workers")
+    stop, errors, answered = threading.Event(), [], []
+
+    def load() -> None:
+        while not stop.is_set():
+            try:
+                answered.append(_post(server, b"pid", timeout=5).status)
+            except OSError as exc:  # only a request on the killed worker may fail
+                errors.append(exc)
+
+    loader = threading.Thread(target=load)
+    loader.start()
+    time.sleep(0.3)
+    victim = min(_children(server.process.pid))
+    os.kill(victim, signal.SIGKILL)
+    started = time.monotonic()
+    _wait_for(
+        lambda: len(_children(server.process.pid) - {victim}) == 2, 5, "the killed worker was not replaced in 5 s"
+    )
+    newcomer = (_children(server.process.pid) - {victim}).pop()
+    seen: set[int] = set()
+    while newcomer not in seen and time.monotonic() - started < 5:
+        reply = _post(server, b"pid")
+        assert reply.status == 200
+        seen.add(int(reply.body))
+    assert newcomer in seen, "the new worker did not answer within 5 s"
+    stop.set()
+    loader.join(10)
+    assert set(answered) == {200}
+    assert len(errors) <= 1
+    assert all(_post(server, b"pid").status == 200 for _ in range(20))
+
+
+def test_overrunning_request_gets_504_and_the_next_succeeds(servers: Any, backend: str) -> None:
+    """A predict_fn sleeping past --timeout: 504 with the request id at the timeout; the server keeps serving."""
+    server = servers.start("--server", backend, "--timeout", "1")
+    started = time.monotonic()
+    reply = server.request("POST", "/invocations", b"sleep 30", {"Content-Type": OCTETS, "X-Request-Id": "stuck-1"})
+    assert 1 <= time.monotonic() - started < 3
+    assert reply.status == 504
+    assert reply.json()["request_id"] == reply.headers["X-Request-Id"] == "stuck-1"
+    assert "timeout of 1 s" in reply.json()["message"]
+    assert _post(server, b"next").body == b"next"
+    # the sleeping work cannot be interrupted, so its worker is replaced; requests keep succeeding meanwhile
+    _wait_for(lambda: "asks to be replaced" in server.output(), 10, "the stuck worker was not replaced")
+    assert all(_post(server, b"after").status == 200 for _ in range(20))
+
+
+def test_overrunning_python_loop_is_interrupted(servers: Any, plugin_site: Any) -> None:
+    """A hook busy in Python code past --timeout is interrupted: 504, and the worker is kept."""
+    plugin_site.add(
+        "spin",
+        """
+        import time
+        import inference_server
+
+        @inference_server.plugin_hook
+        def predict_fn(data, model):
+            end = time.monotonic() + 30
+            while time.monotonic() < end:
+                pass
+            return data
+        """,
+    )
+    server = servers.start("--timeout", "1", plugins=["spin"])
+    worker = _children(server.process.pid)
+    assert _post(server, b"x").status == 504
+    time.sleep(2.5)  # longer than the grace before a stuck worker is replaced
+    assert "asks to be replaced" not in server.output()
+    assert _children(server.process.pid) == worker
+
+
+def test_ping_stays_fast_while_invocations_are_busy(servers: Any, backend: str) -> None:
+    """/ping answers 200 at once while the only model thread runs a long prediction."""
+    server = servers.start("--server", backend, "--threads", "1")
+    client = threading.Thread(target=_post, args=(server, b"sleep 3"))
+    client.start()
+    time.sleep(0.3)
+    started = time.monotonic()
+    assert server.request("GET", "/ping").status == 200
+    assert time.monotonic() - started < 0.5
+    client.join(10)
+
+
+def test_hanging_ping_fn_gives_503_within_2_s(servers: Any, plugin_site: Any) -> None:
+    """A ping_fn that hangs: /ping says 503 within 2 s, again at once while it still hangs; invocations work."""
+    plugin_site.add(
+        "hang",
+        """
+        import time
+        import inference_server
+
+        @inference_server.plugin_hook
+        def ping_fn(model):
+            time.sleep(30)
+            return True
+        """,
+    )
+    server = servers.start()
+    started = time.monotonic()
+    assert server.request("GET", "/ping").status == 503
+    assert time.monotonic() - started < 2
+    started = time.monotonic()
+    assert server.request("GET", "/ping").status == 503
+    assert time.monotonic() - started < 0.5
+    assert _post(server, b"still serving").status == 200
+
+
+def test_max_requests_replaces_the_worker(servers: Any, backend: str) -> None:
+    """--max-requests 5: new workers keep taking over, and no request fails meanwhile."""
+    server = servers.start("--server", backend, "--max-requests", "5", "--max-requests-jitter", "2")
+    pids: list[int] = []
+    end = time.monotonic() + 20
+    while len(set(pids)) < 3 and time.monotonic() < end:
+        reply = _post(server, b"pid")
+        assert reply.status == 200
+        pids.append(int(reply.body))
+    assert len(set(pids)) >= 3, f"only workers {set(pids)} in {len(pids)} requests"
+
+
+def _raw(server: Any, data: bytes, timeout: float = 10) -> bytes:
+    """Send ``data`` on a new connection; return what comes back until the server closes or pauses."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=timeout) as sock:
+        with contextlib.suppress(OSError):
+            sock.sendall(data)
+        received = b""
+        with contextlib.suppress(OSError):
+            while chunk := sock.recv(65536):
+                received += chunk
+                if b"\r\n\r\n" in received:
+                    break
+        return received
+
+
+def test_oversized_headers_url_and_header_count_are_refused(servers: Any, backend: str) -> None:
+    """Headers over --max-header-bytes: 431; a URL over 8 KiB: 414 (or 431); 200 headers: 431; then 200 again."""
+    server = servers.start("--server", backend, "--max-header-bytes", "16384")
+    big = _raw(server, b"GET /ping HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 20000 + b"\r\n\r\n")
+    assert big.startswith(b"HTTP/1.1 431"), big[:100]
+    many = b"".join(b"X-H%d: v\r\n" % i for i in range(200))
+    assert _raw(server, b"GET /ping HTTP/1.1\r\nHost: x\r\n" + many + b"\r\n").startswith(b"HTTP/1.1 431")
+    url = server.request("GET", "/ping?" + "q" * 9000)
+    assert url.status in (414, 431)
+    assert server.request("GET", "/ping").status == 200
+
+
+def test_slow_headers_are_cut_off(servers: Any) -> None:
+    """granian: a client trickling its headers is disconnected after --read-timeout; the server keeps serving."""
+    server = servers.start("--read-timeout", "1")
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        started = time.monotonic()
+        closed = False
+        for byte in b"GET /ping HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 20:
+            try:
+                sock.sendall(bytes([byte]))
+                time.sleep(0.25)
+                if time.monotonic() - started > 5:
+                    break
+            except OSError:
+                closed = True
+                break
+        if not closed:
+            with contextlib.suppress(OSError):
+                closed = sock.recv(100) in (b"",) or True
+        assert closed
+        assert time.monotonic() - started < 5
+    assert server.request("GET", "/ping").status == 200
+
+
+def test_slow_body_gets_408(servers: Any, backend: str) -> None:
+    """A body sent at 1 byte/s is cut off with 408 after --read-timeout; the server keeps serving."""
+    server = servers.start("--server", backend, "--read-timeout", "1")
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(b"POST /invocations HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n")
+        started = time.monotonic()
+        sock.settimeout(0.1)
+        received = b""
+        while time.monotonic() - started < 6 and b"\r\n\r\n" not in received:
+            with contextlib.suppress(OSError):
+                sock.sendall(b"x")
+            with contextlib.suppress(TimeoutError):
+                received += sock.recv(65536)
+            time.sleep(0.9)
+        assert received.startswith(b"HTTP/1.1 408"), received[:200]
+        assert time.monotonic() - started < 4
+    assert _post(server, b"fine").body == b"fine"
+
+
+def test_connections_keep_working_across_many_requests(servers: Any, backend: str) -> None:
+    """One keep-alive connection answers 200 requests in a row (the request path leaks no helper or slot)."""
+    server = servers.start("--server", backend, "--threads", "2")
+    connection = server.connection()
+    try:
+        for index in range(200):
+            body = str(index).encode()
+            connection.request("POST", "/invocations", body=body, headers={"Content-Type": OCTETS})
+            response = connection.getresponse()
+            assert (response.status, response.read()) == (200, body)
+    finally:
+        connection.close()
+    assert isinstance(connection, http.client.HTTPConnection)
