@@ -86,31 +86,6 @@ def test_limit_makes_a_busy_pool_refuse() -> None:
     assert pool.run(lambda: True, _within(1)) is True
 
 
-def test_interrupt_stops_python_code() -> None:
-    """An abandoned helper busy in Python code is interrupted with Cancelled and rejoins the pool."""
-    pool = _calls.Pool("test")
-    stopped = threading.Event()
-
-    def spin() -> None:
-        try:
-            while True:
-                pass
-        except _calls.Cancelled:
-            stopped.set()
-            raise
-
-    with pytest.raises(_calls.TimedOut) as caught:
-        pool.run(spin, _within(0.1))
-    assert pool.interrupt(caught.value.helper)
-    assert stopped.wait(5)
-    for _ in range(100):
-        if pool.idle:
-            break
-        time.sleep(0.01)
-    assert pool.idle
-    assert not pool.interrupt(caught.value.helper)
-
-
 def test_cancelled_call_gives_back_its_slot_once() -> None:
     """Cancelling a call returns its model slot; the work's own give_back is then a no-op; later stages stop."""
     slots = threading.BoundedSemaphore(1)

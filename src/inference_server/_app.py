@@ -220,16 +220,15 @@ class App:
         read_deadline, deadline = start + limit, start + self._timeout
 
         def current_deadline() -> float:
-            return read_deadline if call.stage is _calls.READING else deadline
+            return read_deadline if call.stage == _calls.READING else deadline
 
         try:
             return self._helpers.run(functools.partial(self._invoke, environ, call), current_deadline)  # type: ignore[no-any-return]
         except _calls.TimedOut as exc:
             stage = call.cancel()
-            if stage is _calls.READING:
+            if stage == _calls.READING:
                 raise RequestTimeout(f"the request body did not arrive within {limit} s") from None
-            if stage is _calls.RUNNING:
-                self._helpers.interrupt(exc.helper)
+            if stage == _calls.RUNNING:  # replace the worker if the work goes on much longer
                 timer = threading.Timer(RECYCLE_GRACE, self._recycle_if_stuck, (exc.helper, request_id))
                 timer.daemon = True
                 timer.start()

@@ -2,13 +2,14 @@
 
 A hook stuck in ``time.sleep`` or in native code cannot be interrupted on the thread that runs it, so the thread the
 HTTP server gave the request waits for the work with a deadline and answers 408 or 504 itself. Helper threads are
-kept and reused; one that overran is abandoned, interrupted if it is running Python code, and rejoins the pool when
-its work ends.
+kept and reused; one that overran is abandoned and rejoins the pool when its work ends. Work is never interrupted
+from outside (``PyThreadState_SetAsyncExc`` can leave a model half-updated, and slows every thread while its target
+sits in native code): a call that was answered stops itself at its next stage, and work that does not end is
+contained by replacing the worker process.
 """
 
 from __future__ import annotations
 
-import ctypes
 import threading
 import time
 from collections.abc import Callable
@@ -19,9 +20,7 @@ READING, WAITING, RUNNING = "reading the request body", "waiting for the model",
 
 
 class Cancelled(BaseException):
-    """Raised in a helper thread whose request was already answered (408 or 504), to stop its work.
-
-    A ``BaseException`` so that hooks catching ``Exception`` do not swallow it."""
+    """Raised in a helper thread, at its next stage, when its request was already answered (408 or 504)."""
 
 
 class Call:
@@ -104,13 +103,10 @@ class _Helper:
         while True:
             self._go.acquire()
             try:
-                try:
-                    self.result = self.work() if self.work is not None else None
-                except BaseException as exc:  # Cancelled included: the waiting thread re-raises what it cares about
-                    self.error = exc
-                self._finish()
-            except Cancelled:  # an interrupt that landed after the work had ended
-                self._finish()
+                self.result = self.work() if self.work is not None else None
+            except BaseException as exc:  # Cancelled included: the waiting thread re-raises what it cares about
+                self.error = exc
+            self._finish()
 
     def _finish(self) -> None:
         with self.pool.lock:
@@ -165,11 +161,3 @@ class Pool:
         if error is not None:
             raise error
         return result
-
-    def interrupt(self, helper: _Helper) -> bool:
-        """Raise :class:`Cancelled` in an abandoned helper when it next runs Python code; False if it is back."""
-        with self.lock:
-            if not helper.abandoned or helper.thread.ident is None:
-                return False
-            ident = ctypes.c_ulong(helper.thread.ident)
-            return bool(ctypes.pythonapi.PyThreadState_SetAsyncExc(ident, ctypes.py_object(Cancelled)))
