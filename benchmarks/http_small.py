@@ -2,7 +2,8 @@
 
 Every contender runs 2 worker processes; load comes from wrk (16 keep-alive connections, 2 threads) on
 ``POST /invocations`` with ``{"instances": [[10 floats]]}`` through a JSON echo model, and on ``GET /ping``.
-Contenders alternate, in a rotating order, for several rounds; medians are printed with ratios.
+Contenders alternate, in a rotating order, for several rounds; medians are printed with ratios. "timeout0" is
+ours with ``--timeout 0``: requests run on the server's threads instead of a helper thread, without a 504 deadline.
 Run: ``.venv/bin/python benchmarks/http_small.py`` (``--quick``: one short round).
 """
 
@@ -65,6 +66,7 @@ def contenders(site: str, threads: str) -> dict[str, tuple[str, dict[str, str], 
     return {
         "ours gunicorn": (f"{ours} --server gunicorn", env, "/ping"),
         "ours granian": (f"{ours} --server granian", env, "/ping"),
+        "ours granian timeout0": (f"{ours} --server granian --timeout 0", env, "/ping"),
         "1.3.3 gunicorn sync": (f"{legacy} inference_server:create_app()", h.base_env(PYTHONPATH=site), "/ping"),
         "bare gunicorn": (
             f"{h.PYTHON} -m gunicorn -b 127.0.0.1:{{port}} -w {WORKERS} -k gthread --threads {threads} "
@@ -115,7 +117,7 @@ def main() -> None:
     print(f"\n{'contender':<22}" + "".join(f" {title:>{width}}" for title, width in columns))
     for name, measured in results.items():
         invocations, ping = h.median(measured["invocations"]), h.median(measured["ping"])
-        bare = f"bare {name.split()[-1]}"
+        bare = "bare granian" if "granian" in name else "bare gunicorn"
         vs_bare = f"{invocations / h.median(results[bare]['invocations']):.2f}x" if name.startswith("ours") else ""
         print(f"{name:<22} {invocations:>14.0f}/s {ping:>10.0f}/s {invocations / legacy:>8.2f}x {vs_bare:>21}")
 

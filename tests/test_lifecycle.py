@@ -306,3 +306,20 @@ def test_connections_keep_working_across_many_requests(servers: Any, backend: st
     finally:
         connection.close()
     assert isinstance(connection, http.client.HTTPConnection)
+
+
+def test_concurrent_pings_are_all_healthy(servers: Any) -> None:
+    """Many pings at once (a load balancer and SageMaker together) all answer 200: checks run side by side."""
+    server = servers.start()
+    statuses: list[int] = []
+
+    def ping() -> None:
+        for _ in range(20):
+            statuses.append(server.request("GET", "/ping").status)
+
+    clients = [threading.Thread(target=ping) for _ in range(16)]
+    for client in clients:
+        client.start()
+    for client in clients:
+        client.join(30)
+    assert statuses == [200] * 320

@@ -100,7 +100,7 @@ class App:
         self._timeout = settings.timeout or None
         self._model_slots = threading.BoundedSemaphore(settings.threads)
         self._helpers = _calls.Pool("request")
-        self._pings = _calls.Pool("ping", limit=1)
+        self._pings = _calls.Pool("ping")
 
     def model(self) -> Any:
         """The loaded model (loading it now if needed)."""
@@ -146,14 +146,14 @@ class App:
         """200 when the model is loaded, ``ping_fn`` says yes within PING_TIMEOUT and the server is not draining."""
         if self.worker is not None and self.worker.draining:
             return 503, list(_EMPTY), []
+        if self._pings.overrunning:
+            logger.warning("Ping: an earlier check has been running for over %s s; answering 503", PING_TIMEOUT)
+            return 503, list(_EMPTY), []
         deadline = time.monotonic() + PING_TIMEOUT
         try:
             healthy = self._pings.run(self._healthy, lambda: deadline)
         except _calls.TimedOut:
             logger.warning("Ping: the model check took longer than %s s; answering 503", PING_TIMEOUT)
-            healthy = False
-        except _calls.Busy:
-            logger.warning("Ping: an earlier model check is still running; answering 503")
             healthy = False
         return (200 if healthy else 503), list(_EMPTY), []
 

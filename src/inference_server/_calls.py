@@ -75,10 +75,6 @@ class TimedOut(Exception):
         self.helper = helper
 
 
-class Busy(Exception):
-    """Every helper thread of a pool with a limit is still running earlier work."""
-
-
 class _Helper:
     """One daemon thread running one piece of work at a time."""
 
@@ -114,26 +110,26 @@ class _Helper:
                 self.done.release()
                 return
             self.abandoned = False  # nobody waits for this result: clean up and serve again
+            self.pool.overrunning -= 1
             self.work = self.result = self.error = None
             self.pool.idle.append(self)
 
 
 class Pool:
-    """Helper threads, created as needed and reused; ``limit`` bounds how many may exist at once."""
+    """Helper threads, created as needed and reused."""
 
-    def __init__(self, name: str, limit: int | None = None) -> None:
+    def __init__(self, name: str) -> None:
         self.name = name
-        self.limit = limit
         self.lock = threading.Lock()
         self.idle: list[_Helper] = []
         self.size = 0
+        #: Helpers still running work whose deadline passed.
+        self.overrunning = 0
 
     def _take(self) -> _Helper:
         with self.lock:
             if self.idle:
                 return self.idle.pop()
-            if self.limit is not None and self.size >= self.limit:
-                raise Busy(f"all {self.size} {self.name} threads are still busy")
             self.size += 1
         return _Helper(self)
 
@@ -152,6 +148,7 @@ class Pool:
             with self.lock:
                 if not helper.done.acquire(blocking=False):  # still running: abandon it
                     helper.abandoned = True
+                    self.overrunning += 1
                     raise TimedOut(helper)
             break
         result, error = helper.result, helper.error
