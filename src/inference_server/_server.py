@@ -269,7 +269,6 @@ def run_granian(app: App) -> int:
         interface=Interfaces.WSGI,
         workers=settings.workers,
         blocking_threads=server_threads(settings),
-        backpressure=server_threads(settings),
         http1_settings=HTTP1Settings(
             header_read_timeout=min(settings.read_timeout, 60) * 1000,
             keep_alive=True,
