@@ -120,7 +120,8 @@ class _Arbiter(Arbiter):  # type: ignore[misc]
 
     def manage_workers(self) -> None:
         if self.drain.deadline is not None and self.drain.finished(list(self.WORKERS)):
-            if self.drain.timed_out:
+            if self.drain.timed_out:  # the grace period is spent: no second one for the busy workers
+                self.kill_workers(signal.SIGKILL)
                 raise HaltServer("requests were still in flight at the end of the grace period", 1)
             raise StopIteration
         super().manage_workers()
@@ -224,6 +225,8 @@ def run_granian(app: App) -> int:
         def _wait_for_drain(self) -> None:
             while not self.drain.finished(self._pids()):
                 time.sleep(_DRAIN_POLL)
+            if self.drain.timed_out:  # the grace period is spent: busy workers get 1 s more, then SIGKILL
+                self.workers_kill_timeout = 1
             self.interrupt_signal = True
             self.main_loop_interrupt.set()
 
