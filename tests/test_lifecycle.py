@@ -62,6 +62,14 @@ def _post_ignoring_errors(server: Any, body: bytes) -> None:
         _post(server, body)
 
 
+def _in_background(server: Any, body: bytes) -> threading.Thread:
+    """Post ``body`` from another thread (errors ignored) and give it 0.3 s to reach the server."""
+    client = threading.Thread(target=_post_ignoring_errors, args=(server, body))
+    client.start()
+    time.sleep(0.3)
+    return client
+
+
 def test_sigterm_drains_requests_in_flight(servers: Any, backend: str) -> None:
     """SIGTERM during 20 slow requests: /ping and new work get 503, all 20 are answered, then exit 0."""
     server = servers.start("--server", backend, "--workers", "2", "--threads", "4")
@@ -85,9 +93,7 @@ def test_sigterm_drains_requests_in_flight(servers: Any, backend: str) -> None:
 def test_second_sigterm_exits_at_once(servers: Any, backend: str) -> None:
     """A second SIGTERM during a drain kills the workers and exits at once with 128 + 15."""
     server = servers.start("--server", backend)
-    client = threading.Thread(target=_post_ignoring_errors, args=(server, b"sleep 30"))
-    client.start()
-    time.sleep(0.5)
+    client = _in_background(server, b"sleep 30")
     server.process.send_signal(signal.SIGTERM)
     time.sleep(0.3)
     assert server.process.poll() is None  # draining: the request has 25 s
@@ -103,9 +109,7 @@ def test_second_sigterm_exits_at_once(servers: Any, backend: str) -> None:
 def test_drain_stops_at_the_graceful_timeout(servers: Any, backend: str) -> None:
     """A request longer than --graceful-timeout does not hold the exit: status 1 once the grace period is over."""
     server = servers.start("--server", backend, "--graceful-timeout", "3")
-    client = threading.Thread(target=_post_ignoring_errors, args=(server, b"sleep 30"))
-    client.start()
-    time.sleep(0.5)
+    client = _in_background(server, b"sleep 30")
     started = time.monotonic()
     server.process.send_signal(signal.SIGTERM)
     assert server.process.wait(15) == 1
@@ -180,9 +184,7 @@ def test_work_ending_soon_after_its_504_keeps_the_worker(servers: Any, plugin_si
 def test_ping_stays_fast_while_invocations_are_busy(servers: Any, backend: str) -> None:
     """/ping answers 200 at once while the only model thread runs a long prediction."""
     server = servers.start("--server", backend, "--threads", "1")
-    client = threading.Thread(target=_post, args=(server, b"sleep 3"))
-    client.start()
-    time.sleep(0.3)
+    client = _in_background(server, b"sleep 3")
     started = time.monotonic()
     assert server.request("GET", "/ping").status == 200
     assert time.monotonic() - started < 0.5

@@ -15,6 +15,7 @@ import mmap
 import os
 import random
 import shutil
+import signal
 import struct
 import tempfile
 import threading
@@ -54,8 +55,8 @@ class Supervisor:
         """Requests the workers ``pids`` are handling now (a worker not yet serving counts none)."""
         total = 0
         for pid in pids:
-            with contextlib.suppress(OSError, ValueError):
-                total += _COUNT.unpack(_map(self.path / f"worker-{pid}", write=False))[0]
+            with contextlib.suppress(OSError, struct.error):
+                total += _COUNT.unpack((self.path / f"worker-{pid}").read_bytes())[0]
         return total
 
     def ready(self, pid: int) -> bool:
@@ -141,8 +142,6 @@ class Worker:
 
 def recycle_by_supervisor(reason: str) -> None:
     """Ask the serving process (our parent) to replace this worker: leave a note, then signal it (SIGUSR1)."""
-    import signal
-
     path = Path(os.environ[RUN_DIR_ENV]) / f"recycle-{os.getpid()}"
     path.write_text(reason)
     os.kill(os.getppid(), signal.SIGUSR1)
@@ -150,6 +149,4 @@ def recycle_by_supervisor(reason: str) -> None:
 
 def recycle_self(reason: str) -> None:
     """Stop this worker gracefully (SIGTERM to itself); the serving process starts a new one."""
-    import signal
-
     os.kill(os.getpid(), signal.SIGTERM)

@@ -121,10 +121,6 @@ def env_max_payload_in_mb(environ: Mapping[str, str] = os.environ) -> int:
     return _from_env(environ, "SAGEMAKER_MAX_PAYLOAD_IN_MB", _integer(0), 6)
 
 
-def _model_dir(text: str) -> str:
-    return text
-
-
 #: Settings read from environment variables: field -> (variable, parser, default).
 VARIABLES: dict[str, tuple[str, Callable[[str], object], object]] = {
     "port": ("SAGEMAKER_BIND_TO_PORT", _port, 8080),
@@ -136,7 +132,7 @@ VARIABLES: dict[str, tuple[str, Callable[[str], object], object]] = {
     "max_requests": ("INFERENCE_SERVER_MAX_REQUESTS", _integer(0), 0),
     "max_requests_jitter": ("INFERENCE_SERVER_MAX_REQUESTS_JITTER", _integer(0), 0),
     "max_header_bytes": ("INFERENCE_SERVER_MAX_HEADER_BYTES", _integer(8192), 65536),
-    "model_dir": (MODEL_DIR_ENV, _model_dir, DEFAULT_MODEL_DIR),
+    "model_dir": (MODEL_DIR_ENV, str, DEFAULT_MODEL_DIR),
     "log_level": ("INFERENCE_SERVER_LOG_LEVEL", _log_level, "info"),
     "server": ("INFERENCE_SERVER_BACKEND", _server, "granian"),
 }
