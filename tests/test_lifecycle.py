@@ -119,17 +119,19 @@ def test_drain_stops_at_the_graceful_timeout(servers: Any, backend: str) -> None
 
 
 def test_killed_worker_is_replaced(servers: Any, backend: str) -> None:
-    """kill -9 of a worker under load: a new worker serves within 5 s and every later request succeeds."""
+    """kill -9 of a worker under load: only connections the dead worker held fail, at the moment it dies; a new
+    worker serves within 5 s and every later request succeeds."""
     server = servers.start("--server", backend, "--workers", "2")
     _wait_for(lambda: len(_children(server.process.pid)) == 2, 10, "two workers")
-    stop, errors, answered = threading.Event(), [], []
+    stop, answered = threading.Event(), []
+    errors: list[float] = []
 
     def load() -> None:
         while not stop.is_set():
             try:
                 answered.append(_post(server, b"pid", timeout=5).status)
-            except OSError as exc:  # only a request on the killed worker may fail
-                errors.append(exc)
+            except OSError:  # the request in flight on the killed worker, and (granian: each worker has its own
+                errors.append(time.monotonic())  # listening socket) connections queued on it, are reset
 
     loader = threading.Thread(target=load)
     loader.start()
@@ -150,7 +152,7 @@ def test_killed_worker_is_replaced(servers: Any, backend: str) -> None:
     stop.set()
     loader.join(10)
     assert set(answered) == {200}
-    assert len(errors) <= 1
+    assert all(moment - started < 1 for moment in errors), "requests failed after the worker's death"
     assert all(_post(server, b"pid").status == 200 for _ in range(20))
 
 
