@@ -18,6 +18,7 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 from typing import Any, NoReturn
 
 from gunicorn.app.base import BaseApplication
@@ -196,6 +197,34 @@ class _ThreadWarningFilter(logging.Filter):
         return "Python threads" not in record.getMessage()
 
 
+def _serving(supervisor: _lifecycle.Supervisor, pid: int, port: int) -> bool:
+    """True once worker ``pid`` has loaded the model and listens on ``port``.
+
+    granian's workers on Linux each listen on their own SO_REUSEPORT socket, opened after the model is loaded: the
+    socket is found through /proc (where there is no /proc, the model being loaded has to do).
+    """
+    if not supervisor.ready(pid):
+        return False
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return True
+    sockets = set()
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if target.startswith("socket:["):
+                sockets.add(target[8:-1])
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()
+                local, state, inode = fields[1], fields[3], fields[9]
+                if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port and inode in sockets:  # 0A: LISTEN
+                    return True
+    return False
+
+
 def run_granian(app: App) -> int:
     """Serve with granian until SIGTERM; return the exit status. ``app`` checked the plugins and settings."""
     from granian.constants import Interfaces
@@ -256,8 +285,9 @@ def run_granian(app: App) -> int:
                 def start_and_wait() -> None:
                     start()
                     deadline = time.monotonic() + _READY_WAIT
-                    while not self.drain.supervisor.ready(worker.inner.pid) and time.monotonic() < deadline:
-                        if not worker.is_alive():
+                    pid = worker.inner.pid
+                    while not _serving(self.drain.supervisor, pid, settings.port) and worker.is_alive():
+                        if time.monotonic() > deadline:
                             break
                         time.sleep(_DRAIN_POLL)
 
