@@ -1,5 +1,6 @@
 """The Arrow codecs: interop with pyarrow's writers, zero-copy reads, and life without pyarrow."""
 
+import subprocess
 import sys
 
 import numpy as np
@@ -69,3 +70,26 @@ def test_without_pyarrow_arrow_is_not_offered(monkeypatch: pytest.MonkeyPatch) -
     assert codecs.negotiate("*/*", {"a": np.zeros(2)}).media_type == "application/x-npz"
     with pytest.raises(NotAcceptable, match=r"arrow\.stream needs pip install 'inference-server\[arrow\]'"):
         codecs.negotiate(STREAM, {"a": np.zeros(2)})
+
+
+def test_a_missing_pyarrow_is_looked_for_once() -> None:
+    """When pyarrow cannot be imported, negotiation does not search for it again on every request."""
+    code = """if True:
+        import sys
+        attempts = []
+
+        class NoArrow:
+            def find_spec(self, name, path=None, target=None):
+                if name == "pyarrow":
+                    attempts.append(name)
+                    raise ModuleNotFoundError("No module named 'pyarrow'")
+
+        sys.meta_path.insert(0, NoArrow())
+        import numpy as np
+        from inference_server import codecs
+        for _ in range(100):
+            assert codecs.negotiate("*/*", {"a": np.zeros(2)}).media_type == "application/x-npz"
+        print(len(attempts))
+    """
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert result.stdout.strip() == "1"
