@@ -13,7 +13,8 @@ from typing import Any
 import numpy as np
 
 from inference_server import codecs
-from inference_server.codecs import arrow, json, npz
+from inference_server.codecs import arrow, json, jsonlines, npy, npz
+from inference_server.codecs import csv as csv_codec
 
 
 class Body:
@@ -72,7 +73,7 @@ class BytesDeserializer(BaseDeserializer):
 class StringDeserializer(BaseDeserializer):
     """The body as ``str``."""
 
-    def __init__(self, encoding: str = "UTF-8", accept: str | tuple[str, ...] = "application/json") -> None:
+    def __init__(self, encoding: str = "UTF-8", accept: str | tuple[str, ...] = json.MEDIA_TYPE) -> None:
         super().__init__(accept)
         self.encoding = encoding
 
@@ -115,16 +116,16 @@ class JSONDeserializer(_CodecDeserializer):
 class JSONLinesDeserializer(_CodecDeserializer):
     """JSON Lines as a list of objects."""
 
-    readable = ("application/jsonlines",)
+    readable = (jsonlines.MEDIA_TYPE,)
 
-    def __init__(self, accept: str | tuple[str, ...] = "application/jsonlines") -> None:
+    def __init__(self, accept: str | tuple[str, ...] = jsonlines.MEDIA_TYPE) -> None:
         super().__init__(accept)
 
 
 class CSVDeserializer(BaseDeserializer):
     """CSV as a list of rows of strings, as the SDK returns it."""
 
-    def __init__(self, encoding: str = "utf-8", accept: str | tuple[str, ...] = "text/csv") -> None:
+    def __init__(self, encoding: str = "utf-8", accept: str | tuple[str, ...] = csv_codec.MEDIA_TYPE) -> None:
         super().__init__(accept)
         self.encoding = encoding
 
@@ -139,10 +140,10 @@ class NumpyDeserializer(_CodecDeserializer):
     ``allow_pickle=True`` is refused: inference-server never unpickles (object arrays are a security hole).
     """
 
-    readable = ("application/x-npy", npz.MEDIA_TYPE, json.MEDIA_TYPE, "text/csv")
+    readable = (npy.MEDIA_TYPE, npz.MEDIA_TYPE, json.MEDIA_TYPE, csv_codec.MEDIA_TYPE)
 
     def __init__(
-        self, dtype: Any = None, accept: str | tuple[str, ...] = "application/x-npy", allow_pickle: bool = False
+        self, dtype: Any = None, accept: str | tuple[str, ...] = npy.MEDIA_TYPE, allow_pickle: bool = False
     ) -> None:
         if allow_pickle:
             raise ValueError(
@@ -156,7 +157,7 @@ class NumpyDeserializer(_CodecDeserializer):
     def _convert(self, value: Any, media_type: str) -> Any:
         if media_type == json.MEDIA_TYPE:
             return np.asarray(value, dtype=self.dtype)
-        if media_type == "text/csv":  # like the SDK's np.genfromtxt: one row or one column is 1-D
+        if media_type == csv_codec.MEDIA_TYPE:  # like the SDK's np.genfromtxt: one row or one column is 1-D
             array = np.asarray(value, dtype=self.dtype)
             return np.squeeze(array) if array.ndim == 2 and 1 in array.shape else array
         return value
@@ -165,7 +166,7 @@ class NumpyDeserializer(_CodecDeserializer):
 class NpzDeserializer(_CodecDeserializer):
     """``.npz`` as a ``dict[str, ndarray]`` in archive order (also reads a single ``.npy`` as ``{"arr_0": ...}``)."""
 
-    readable = (npz.MEDIA_TYPE, "application/x-npy")
+    readable = (npz.MEDIA_TYPE, npy.MEDIA_TYPE)
 
     def __init__(self, accept: str | tuple[str, ...] = npz.MEDIA_TYPE) -> None:
         super().__init__(accept)
@@ -186,7 +187,7 @@ class ArrowDeserializer(_CodecDeserializer):
 class PandasDeserializer(BaseDeserializer):
     """CSV or JSON as a pandas DataFrame (pandas must be installed)."""
 
-    def __init__(self, accept: str | tuple[str, ...] = ("text/csv", "application/json")) -> None:
+    def __init__(self, accept: str | tuple[str, ...] = (csv_codec.MEDIA_TYPE, json.MEDIA_TYPE)) -> None:
         super().__init__(accept)
 
     def deserialize(self, stream: Any, content_type: str) -> Any:
@@ -197,8 +198,8 @@ class PandasDeserializer(BaseDeserializer):
             raise ImportError("PandasDeserializer needs pandas: pip install pandas") from None
         media_type = codecs.bare(content_type or "")
         body = io.BytesIO(read_all(stream))
-        if media_type == "text/csv":
+        if media_type == csv_codec.MEDIA_TYPE:
             return pd.read_csv(body)
         if media_type == json.MEDIA_TYPE:
             return pd.read_json(body)
-        raise self._refuse(content_type, ("text/csv", json.MEDIA_TYPE))
+        raise self._refuse(content_type, (csv_codec.MEDIA_TYPE, json.MEDIA_TYPE))

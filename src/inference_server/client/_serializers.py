@@ -13,7 +13,8 @@ from typing import Any
 import numpy as np
 
 from inference_server import codecs
-from inference_server.codecs import arrow, json, npz
+from inference_server.codecs import arrow, json, jsonlines, npy, npz, text
+from inference_server.codecs import csv as csv_codec
 
 
 class BaseSerializer:
@@ -22,7 +23,7 @@ class BaseSerializer:
     #: Whether a ``str`` (as UTF-8) or ``bytes`` is taken to be serialized already, as the SDK's text formats do.
     TEXT_AS_IS = False
 
-    def __init__(self, content_type: str = "application/octet-stream") -> None:
+    def __init__(self, content_type: str = text.OCTET_STREAM) -> None:
         self.content_type = content_type
 
     @property
@@ -47,7 +48,7 @@ class IdentitySerializer(BaseSerializer):
 
     TEXT_AS_IS = True
 
-    def __init__(self, content_type: str = "application/octet-stream") -> None:
+    def __init__(self, content_type: str = text.OCTET_STREAM) -> None:
         super().__init__(content_type)
 
     def _serialize(self, data: Any) -> bytes:
@@ -57,7 +58,7 @@ class IdentitySerializer(BaseSerializer):
 class NumpySerializer(BaseSerializer):
     """An array (or anything ``np.asarray`` takes) as ``.npy``, cast to ``dtype`` if given."""
 
-    def __init__(self, dtype: Any = None, content_type: str = "application/x-npy") -> None:
+    def __init__(self, dtype: Any = None, content_type: str = npy.MEDIA_TYPE) -> None:
         super().__init__(content_type)
         self.dtype = dtype
 
@@ -65,7 +66,7 @@ class NumpySerializer(BaseSerializer):
         array = np.asarray(data, dtype=self.dtype)
         if array.size == 0:
             raise ValueError("cannot serialize an empty array")
-        return codecs.dumps(array, "application/x-npy")
+        return codecs.dumps(array, npy.MEDIA_TYPE)
 
 
 class NpzSerializer(BaseSerializer):
@@ -93,11 +94,11 @@ class JSONLinesSerializer(BaseSerializer):
 
     TEXT_AS_IS = True
 
-    def __init__(self, content_type: str = "application/jsonlines") -> None:
+    def __init__(self, content_type: str = jsonlines.MEDIA_TYPE) -> None:
         super().__init__(content_type)
 
     def _serialize(self, data: Any) -> bytes:
-        return b"".join(json.dumps(record) + b"\n" for record in data)
+        return codecs.dumps(data, jsonlines.MEDIA_TYPE)
 
 
 def _is_row(value: Any) -> bool:
@@ -109,7 +110,7 @@ class CSVSerializer(BaseSerializer):
 
     TEXT_AS_IS = True
 
-    def __init__(self, content_type: str = "text/csv") -> None:
+    def __init__(self, content_type: str = csv_codec.MEDIA_TYPE) -> None:
         super().__init__(content_type)
 
     def _serialize(self, data: Any) -> bytes:
