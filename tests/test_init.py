@@ -8,7 +8,7 @@ def test_all_lists_exactly_the_public_names() -> None:
     assert sorted(inference_server.__all__) == sorted(
         ["BatchStrategy", "MIMEAccept", "__version__", "create_app", "plugin_hook", "warmup"]
     )
-    public = {name for name in vars(inference_server) if not name.startswith("_")}
+    public = {name for name in dir(inference_server) if not name.startswith("_")}
     modules = {name for name in public if type(getattr(inference_server, name)).__name__ == "module"}
     assert public - modules == set(inference_server.__all__) - {"__version__"}
     assert all(getattr(inference_server, name) is not None for name in inference_server.__all__)

@@ -1,13 +1,42 @@
-"""Turn a model package into an HTTP inference service that speaks the Amazon SageMaker container contract."""
+"""Turn a model package into an HTTP inference service that speaks the Amazon SageMaker container contract.
 
+``create_app``, ``warmup``, ``plugin_hook`` and ``MIMEAccept`` are resolved on first use (as pluggy resolves its
+``__version__``), so that ``import inference_server.client`` or ``inference_server.codecs`` loads neither the WSGI
+app nor pluggy nor the server.
+"""
+
+import importlib
 import importlib.metadata
+import typing
 
-from werkzeug.datastructures import MIMEAccept
-
-from inference_server._app import create_app, warmup
-from inference_server._plugins import plugin_hook
 from inference_server._settings import BatchStrategy
+
+if typing.TYPE_CHECKING:
+    from werkzeug.datastructures import MIMEAccept
+
+    from inference_server._app import create_app, warmup
+    from inference_server._hookspecs import plugin_hook
 
 __all__ = ["BatchStrategy", "MIMEAccept", "__version__", "create_app", "plugin_hook", "warmup"]
 
 __version__ = importlib.metadata.version("inference-server")
+
+#: Public names defined elsewhere: name -> the module that defines it, imported on first use.
+_LAZY = {
+    "MIMEAccept": "werkzeug.datastructures",
+    "create_app": "inference_server._app",
+    "plugin_hook": "inference_server._hookspecs",
+    "warmup": "inference_server._app",
+}
+
+
+def __getattr__(name: str) -> object:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value  # once resolved, a plain attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})

@@ -1,4 +1,7 @@
-"""The WSGI application: routing, one request's life, and mapping exceptions to responses."""
+"""The WSGI application: routing, one request's life (body, deadline, model slot), and exceptions as responses.
+
+The hooks themselves run in :mod:`inference_server._pipeline`, which knows nothing of HTTP.
+"""
 
 from __future__ import annotations
 
@@ -10,20 +13,18 @@ import random
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 import pluggy
 import werkzeug.exceptions
-import werkzeug.http
-from werkzeug.datastructures import MIMEAccept
 
-from inference_server import _calls, _lifecycle, _model, _plugins, codecs
-from inference_server._settings import BatchStrategy, Settings
+from inference_server import _deadlines, _plugins, codecs
+from inference_server._pipeline import Pipeline
+from inference_server._settings import Settings
 from inference_server.errors import (
     BadRequest,
-    ConfigurationError,
     GatewayTimeout,
     PayloadTooLarge,
     RequestTimeout,
@@ -55,23 +56,17 @@ RECYCLE_GRACE = 2.0
 MAX_URL_BYTES = 8192
 
 
-def execution_parameters(pm: pluggy.PluginManager) -> dict[str, Any]:
-    """The ``/execution-parameters`` answer from the hooks; an invalid hook value is a :class:`ConfigurationError`."""
-    strategy = pm.hook.batch_strategy()
-    try:
-        strategy = BatchStrategy.parse(strategy)
-    except ValueError as exc:
-        raise ConfigurationError(f"hook batch_strategy returned {exc}") from None
-    values: dict[str, Any] = {"BatchStrategy": strategy.value}
-    for hook_name, key, minimum in (
-        ("max_concurrent_transforms", "MaxConcurrentTransforms", 1),
-        ("max_payload_in_mb", "MaxPayloadInMB", 0),
-    ):
-        value = getattr(pm.hook, hook_name)()
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise ConfigurationError(f"hook {hook_name} returned {value!r}: it must be an integer >= {minimum}")
-        values[key] = value
-    return values
+class WorkerState(Protocol):
+    """What the app needs of the serving process's shared state (``server._state.Worker`` when ``serve`` runs it)."""
+
+    @property
+    def draining(self) -> bool: ...
+
+    def enter(self) -> None: ...
+
+    def leave(self) -> None: ...
+
+    def request_recycle(self, reason: str) -> None: ...
 
 
 class App:
@@ -82,13 +77,8 @@ class App:
         self.pm = pm
         #: Copy body buffers to ``bytes`` as PEP 3333 requires; False hands servers the arrays' own memory.
         self.bytes_only = bytes_only
-        self.execution_parameters = execution_parameters(pm)
-        mb = self.execution_parameters["MaxPayloadInMB"]
-        self.max_body = mb * _MB if mb else None
-        codecs.set_limits(codecs.Limits.for_payload(mb))
-        self._input_fn = _plugins.first_result_caller(pm, "input_fn")
-        self._predict_fn = _plugins.first_result_caller(pm, "predict_fn")
-        self._output_fn = _plugins.first_result_caller(pm, "output_fn")
+        self.pipeline = Pipeline(settings, pm)
+        self.execution_parameters = self.pipeline.execution_parameters
         self._routes: dict[str, dict[str, Handler]] = {
             "/ping": {"GET": self._ping},
             "/invocations": {"POST": self._invocations},
@@ -96,15 +86,15 @@ class App:
             "/openapi.json": {"GET": self._openapi},
         }
         #: This process's share of the server's state when ``serve`` runs it (drain flag, requests in flight).
-        self.worker: _lifecycle.Worker | None = None
+        self.worker: WorkerState | None = None
         self._timeout = settings.timeout or None
         self._model_slots = threading.BoundedSemaphore(settings.threads)
-        self._helpers = _calls.Pool("request")
-        self._pings = _calls.Pool("ping")
+        self._helpers = _deadlines.Pool("request")
+        self._pings = _deadlines.Pool("ping")
 
     def model(self) -> Any:
         """The loaded model (loading it now if needed)."""
-        return _model.get_model(self.pm, self.settings.model_dir)
+        return self.pipeline.model()
 
     def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[codecs.Buffer]:
         """Answer one request; with ``bytes_only=False`` the body items are buffers (an array's own memory)."""
@@ -151,23 +141,11 @@ class App:
             return 503, list(_EMPTY), []
         deadline = time.monotonic() + PING_TIMEOUT
         try:
-            healthy = self._pings.run(self._healthy, lambda: deadline)
-        except _calls.TimedOut:
+            healthy = self._pings.run(self.pipeline.healthy, lambda: deadline)
+        except _deadlines.TimedOut:
             logger.warning("Ping: the model check took longer than %s s; answering 503", PING_TIMEOUT)
             healthy = False
         return (200 if healthy else 503), list(_EMPTY), []
-
-    def _healthy(self) -> bool:
-        try:
-            healthy = bool(self.pm.hook.ping_fn(model=self.model()))
-        except _model.ModelLoadError:
-            return False  # model_fn's traceback was logged when it failed
-        except Exception:
-            logger.exception("ping_fn raised; answering 503")
-            return False
-        if not healthy:
-            logger.warning("Ping: ping_fn returned False; answering 503")
-        return healthy
 
     def _openapi(self, environ: WSGIEnvironment, request_id: str) -> Reply:
         body = _openapi_document()
@@ -214,21 +192,21 @@ class App:
         """Invoke on a helper thread and answer 408 or 504 if it overruns ``--read-timeout`` or ``--timeout``."""
         if self._timeout is None:
             return self._invoke(environ, None)
-        call = _calls.Call()
+        call = _deadlines.Call()
         start = time.monotonic()
         limit = min(self._timeout, self.settings.read_timeout)
         read_deadline, deadline = start + limit, start + self._timeout
 
         def current_deadline() -> float:
-            return read_deadline if call.stage == _calls.READING else deadline
+            return read_deadline if call.stage == _deadlines.READING else deadline
 
         try:
             return self._helpers.run(functools.partial(self._invoke, environ, call), current_deadline)  # type: ignore[no-any-return]
-        except _calls.TimedOut as exc:
+        except _deadlines.TimedOut as exc:
             stage = call.cancel()
-            if stage == _calls.READING:
+            if stage == _deadlines.READING:
                 raise RequestTimeout(f"the request body did not arrive within {limit} s") from None
-            if stage == _calls.RUNNING:  # replace the worker if the work goes on much longer
+            if stage == _deadlines.RUNNING:  # replace the worker if the work goes on much longer
                 timer = threading.Timer(RECYCLE_GRACE, self._recycle_if_stuck, (exc.helper, request_id))
                 timer.daemon = True
                 timer.start()
@@ -245,59 +223,28 @@ class App:
         else:
             logger.error("%s; this process cannot be replaced (it was not started by inference-server serve)", reason)
 
-    def _invoke(self, environ: WSGIEnvironment, call: _calls.Call | None) -> Reply:
-        body = read_body(environ, self.max_body)
+    def _invoke(self, environ: WSGIEnvironment, call: _deadlines.Call | None) -> Reply:
+        body = read_body(environ, self.pipeline.max_body)
         model = self.model()
         content_type = environ.get("CONTENT_TYPE") or "application/octet-stream"
-        accept = _accept(environ.get("HTTP_ACCEPT") or "*/*")
+        accept = environ.get("HTTP_ACCEPT") or "*/*"
         if call is None:
             with self._model_slots:
-                return self._hooks(body, content_type, accept, model)
-        call.take_slot(self._model_slots)
-        try:
-            return self._hooks(body, content_type, accept, model)
-        finally:
-            call.give_back()
-
-    def _hooks(self, body: bytearray, content_type: str, accept: MIMEAccept, model: Any) -> Reply:
-        data = self._input_fn(input_data=body, content_type=content_type)
-        prediction = self._predict_fn(data=data, model=model)
-        return _output_reply(self._output_fn(prediction=prediction, accept=accept))
+                output = self.pipeline.invoke(body, content_type, accept, model)
+        else:
+            call.take_slot(self._model_slots)
+            try:
+                output = self.pipeline.invoke(body, content_type, accept, model)
+            finally:
+                call.give_back()
+        headers = [("Content-Type", output.media_type), ("Content-Length", str(output.nbytes)), *output.headers]
+        return 200, headers, output.buffers
 
 
 @functools.cache
 def _openapi_document() -> bytes:
     """The OpenAPI description of the HTTP interface (``docs/openapi.yaml``, shipped as JSON)."""
     return importlib.resources.files("inference_server").joinpath("openapi.json").read_bytes()
-
-
-@functools.lru_cache(maxsize=256)
-def _accept(header: str) -> MIMEAccept:
-    """The parsed Accept header; clients send the same few values again and again (MIMEAccept is immutable)."""
-    return werkzeug.http.parse_accept_header(header, MIMEAccept)
-
-
-def _output_reply(result: Any) -> Reply:
-    """Turn ``output_fn``'s ``(body, content_type[, headers])`` into a reply."""
-    if not isinstance(result, tuple) or len(result) not in (2, 3):
-        raise TypeError(f"output_fn must return (body, content_type) or (body, content_type, headers), not {result!r}")
-    content, content_type = result[0], result[1]
-    extra: Mapping[str, str] = result[2] if len(result) == 3 else {}
-    chunks = _as_chunks(content)
-    length = sum(memoryview(chunk).nbytes for chunk in chunks)
-    headers = [("Content-Type", str(content_type)), ("Content-Length", str(length))]
-    headers.extend((str(k), str(v)) for k, v in extra.items())
-    return 200, headers, chunks
-
-
-def _as_chunks(content: Any) -> list[codecs.Buffer]:
-    if isinstance(content, (bytes, bytearray, memoryview)):
-        return [content]
-    if isinstance(content, str):
-        return [content.encode()]
-    if isinstance(content, (list, tuple)):
-        return [chunk for item in content for chunk in _as_chunks(item)]
-    raise TypeError(f"output_fn returned a body of type {type(content).__name__}; expected bytes-like or str")
 
 
 def _json_reply(status: int, value: Any, headers: Headers | None = None) -> Reply:

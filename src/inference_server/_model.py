@@ -9,13 +9,9 @@ from typing import Any
 
 import pluggy
 
-from inference_server.errors import ServiceUnavailable
+from inference_server.errors import ModelLoadError
 
 logger = logging.getLogger("inference_server")
-
-
-class ModelLoadError(ServiceUnavailable):
-    """503: ``model_fn`` raised; the reason is in the log."""
 
 
 class _Slot:

@@ -1,4 +1,4 @@
-"""Hook specifications, the plugin manager, and discovery from the ``inference_server`` entry-point group.
+"""The plugin manager: the built-in defaults, discovery from the ``inference_server`` entry-point group, validation.
 
 For every hook the first implementation returning something other than ``None`` wins; the built-in defaults in
 :mod:`inference_server.default_plugin` are registered first and marked ``trylast``, so they always run last.
@@ -12,76 +12,15 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Collection, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pluggy
 
+from inference_server import default_plugin
+from inference_server._hookspecs import ENTRY_POINT_GROUP, HOOK_NAMES, PROJECT, HookSpecs
 from inference_server.errors import PluginError
 
-if TYPE_CHECKING:
-    from werkzeug.datastructures import MIMEAccept
-
-    from inference_server._settings import BatchStrategy
-
-PROJECT = "inference_server"
-ENTRY_POINT_GROUP = "inference_server"
-
-#: Decorator for hook implementations in a plugin.
-plugin_hook = pluggy.HookimplMarker(PROJECT)
-hookspec = pluggy.HookspecMarker(PROJECT)
-
 logger = logging.getLogger(PROJECT)
-
-
-class HookSpecs:
-    """The hooks a plugin may implement. Names and signatures are those of inference-server 1.x."""
-
-    @hookspec(firstresult=True)
-    def model_fn(self, model_dir: str) -> Any:
-        """Load the model from ``model_dir`` (a directory that may not exist; the hook decides)."""
-        raise NotImplementedError
-
-    @hookspec(firstresult=True)
-    def input_fn(self, input_data: bytes, content_type: str) -> Any:
-        """Turn the request body (bytes-like) of media type ``content_type`` into the model's input."""
-        raise NotImplementedError
-
-    @hookspec(firstresult=True)
-    def predict_fn(self, data: Any, model: Any) -> Any:
-        """Run the model on the output of ``input_fn``."""
-        raise NotImplementedError
-
-    @hookspec(firstresult=True)
-    def output_fn(self, prediction: Any, accept: MIMEAccept) -> tuple[Any, str]:
-        """Serialize the prediction for a client accepting ``accept``; return ``(body, content_type)``.
-
-        A third item, a mapping of extra response headers, may follow the content type.
-        """
-        raise NotImplementedError
-
-    @hookspec(firstresult=True)
-    def ping_fn(self, model: Any) -> bool:
-        """Return whether the model is healthy; ``False`` makes ``/ping`` answer 503."""
-        raise NotImplementedError
-
-    @hookspec(firstresult=True)
-    def batch_strategy(self) -> BatchStrategy | str:
-        """The Batch Transform strategy this model prefers (``SingleRecord`` or ``MultiRecord``)."""
-        raise NotImplementedError
-
-    @hookspec(firstresult=True)
-    def max_concurrent_transforms(self) -> int:
-        """How many Batch Transform requests this model can serve at once."""
-        raise NotImplementedError
-
-    @hookspec(firstresult=True)
-    def max_payload_in_mb(self) -> int:
-        """The largest request body this model accepts, in MB (0: no limit)."""
-        raise NotImplementedError
-
-
-HOOK_NAMES = tuple(name for name in vars(HookSpecs) if not name.startswith("_"))
-
 _lock = threading.Lock()
 
 
@@ -91,8 +30,6 @@ PLUGINS_ENV = "INFERENCE_SERVER_PLUGINS"
 
 def build_manager(names: Collection[str] | None = None, plugins: Iterable[object] = ()) -> pluggy.PluginManager:
     """A new plugin manager: the defaults, the installed plugins (only ``names`` if given), then ``plugins``."""
-    from inference_server import default_plugin
-
     pm = pluggy.PluginManager(PROJECT)
     pm.add_hookspecs(HookSpecs)
     pm.register(default_plugin, name="inference_server.default_plugin")

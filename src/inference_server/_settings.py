@@ -1,4 +1,9 @@
-"""One frozen Settings object, read from the SageMaker environment variables and the command line."""
+"""One frozen Settings object, read from the SageMaker environment variables and the command line.
+
+Every setting is written once, as a field of :class:`Settings` carrying its :class:`Variable`; the environment
+reading, the variables exported to worker processes and the ``serve`` options and help are derived from them. The
+variables read by the built-in Batch Transform hooks (``env_*`` below) belong to those hooks, not to the server.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,7 @@ import enum
 import logging
 import os
 from collections.abc import Callable, Mapping
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from inference_server.errors import ConfigurationError
 
@@ -80,14 +85,14 @@ def _from_env(environ: Mapping[str, str], name: str, parse: Callable[[str], T], 
         raise ConfigurationError(f"{name}={text!r} is invalid: {exc}") from None
 
 
-def _setting(
-    option: str, value: object, environ: Mapping[str, str], name: str, parse: Callable[[str], T], default: T
-) -> T:
+def _setting(option: str, value: object, environ: Mapping[str, str], variable: Variable, default: T) -> T:
     """A command-line value when given (named ``--option`` in errors), else the environment variable, else default."""
     if value is None:
-        return _from_env(environ, name, parse, default)
+        if variable.env is None:
+            return default
+        return _from_env(environ, variable.env, variable.parse, default)  # type: ignore[arg-type]
     try:
-        return parse(str(value))
+        return variable.parse(str(value))  # type: ignore[return-value]
     except ValueError as exc:
         raise ConfigurationError(f"--{option.replace('_', '-')}={value!r} is invalid: {exc}") from None
 
@@ -121,47 +126,109 @@ def env_max_payload_in_mb(environ: Mapping[str, str] = os.environ) -> int:
     return _from_env(environ, "SAGEMAKER_MAX_PAYLOAD_IN_MB", _integer(0), 6)
 
 
-#: Settings read from environment variables: field -> (variable, parser, default).
-VARIABLES: dict[str, tuple[str, Callable[[str], object], object]] = {
-    "port": ("SAGEMAKER_BIND_TO_PORT", _port, 8080),
-    "workers": ("SAGEMAKER_MODEL_SERVER_WORKERS", _integer(1), os.cpu_count() or 1),
-    "threads": ("INFERENCE_SERVER_THREADS", _integer(1), 1),
-    "timeout": ("SAGEMAKER_MODEL_SERVER_TIMEOUT", _integer(0), 60),
-    "read_timeout": ("INFERENCE_SERVER_READ_TIMEOUT", _integer(1), 30),
-    "graceful_timeout": ("INFERENCE_SERVER_GRACEFUL_TIMEOUT", _integer(1), 25),
-    "max_requests": ("INFERENCE_SERVER_MAX_REQUESTS", _integer(0), 0),
-    "max_requests_jitter": ("INFERENCE_SERVER_MAX_REQUESTS_JITTER", _integer(0), 0),
-    "max_header_bytes": ("INFERENCE_SERVER_MAX_HEADER_BYTES", _integer(8192), 65536),
-    "model_dir": (MODEL_DIR_ENV, str, DEFAULT_MODEL_DIR),
-    "log_level": ("INFERENCE_SERVER_LOG_LEVEL", _log_level, "info"),
-    "server": ("INFERENCE_SERVER_BACKEND", _server, "granian"),
-}
+@dataclasses.dataclass(frozen=True)
+class Variable:
+    """One setting's whole description: the single place its default, variable, parser and help are written."""
+
+    #: The environment variable that sets it (``None``: only the command line does), and its parser.
+    env: str | None
+    parse: Callable[[str], object]
+    #: What the ``serve --help`` line says, before "(default: ...)".
+    help: str
+    #: How the help names the default when its value is not the clearest way (e.g. "the number of CPUs").
+    default_text: str | None = None
+    choices: tuple[str, ...] | None = None
+
+
+def _variable(default: T, env: str | None, parse: Callable[[str], object], help: str, **more: Any) -> T:
+    """A :class:`Settings` field whose default is ``default``, described by a :class:`Variable`."""
+    return dataclasses.field(default=default, metadata={"variable": Variable(env, parse, help, **more)})
 
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
-    """Everything the server reads from its environment, validated once at start-up."""
+    """Everything the server reads from its environment and command line, validated once at start-up.
 
-    host: str = "0.0.0.0"
-    port: int = 8080
-    workers: int = 1
+    Each field is the one table row of its setting: default, environment variable, parser and help, from which
+    :meth:`from_env`, :meth:`environ` and the command line's options (``--field-name``) are all derived.
+    """
+
+    host: str = _variable("0.0.0.0", None, str, "address to listen on")
+    port: int = _variable(8080, "SAGEMAKER_BIND_TO_PORT", _port, "TCP port")
+    workers: int = _variable(
+        os.cpu_count() or 1,
+        "SAGEMAKER_MODEL_SERVER_WORKERS",
+        _integer(1),
+        "worker processes, each loading the model",
+        default_text="the number of CPUs",
+    )
     #: Hook calls a worker runs at once; above 1 the model must be thread-safe.
-    threads: int = 1
+    threads: int = _variable(
+        1, "INFERENCE_SERVER_THREADS", _integer(1), "request threads per worker; above 1 the model must be thread-safe"
+    )
     #: Seconds a request may take, from its first body byte to its answer (0: no limit); past it: 504.
-    timeout: int = 60
+    timeout: int = _variable(
+        60,
+        "SAGEMAKER_MODEL_SERVER_TIMEOUT",
+        _integer(0),
+        "seconds a request may take before it is answered 504; work that cannot be stopped gets its worker "
+        "replaced; 0: no limit, and requests run on the server's threads, a little faster",
+    )
     #: Seconds a client may take to send a request's headers, and again its body; past it: 408 or a closed connection.
-    read_timeout: int = 30
+    read_timeout: int = _variable(
+        30,
+        "INFERENCE_SERVER_READ_TIMEOUT",
+        _integer(1),
+        "seconds a client may take to send a request's headers (else the connection is closed), and again its "
+        "body (else 408)",
+    )
     #: Seconds requests in flight get to finish after SIGTERM; SageMaker sends SIGKILL 30 s after SIGTERM.
-    graceful_timeout: int = 25
+    graceful_timeout: int = _variable(
+        25,
+        "INFERENCE_SERVER_GRACEFUL_TIMEOUT",
+        _integer(1),
+        "seconds requests in flight get to finish after SIGTERM, while /ping and new requests get 503 "
+        "(SageMaker kills at 30)",
+    )
     #: Replace a worker after it served this many requests, plus up to ``max_requests_jitter`` (0: never).
-    max_requests: int = 0
-    max_requests_jitter: int = 0
+    max_requests: int = _variable(
+        0,
+        "INFERENCE_SERVER_MAX_REQUESTS",
+        _integer(0),
+        "replace a worker after it served this many requests, to contain leaks in model code; 0: never",
+    )
+    max_requests_jitter: int = _variable(
+        0,
+        "INFERENCE_SERVER_MAX_REQUESTS_JITTER",
+        _integer(0),
+        "add up to this many requests to each worker's --max-requests so that workers restart apart",
+    )
     #: Bytes of request line and headers a request may have; past it: 431 (414 for the URL alone).
-    max_header_bytes: int = 65536
-    model_dir: str = DEFAULT_MODEL_DIR
-    log_level: str = "info"
-    default_accept: str | None = None
-    server: str = "granian"
+    max_header_bytes: int = _variable(
+        65536,
+        "INFERENCE_SERVER_MAX_HEADER_BYTES",
+        _integer(8192),
+        "largest request line and headers accepted, in bytes; beyond it 431",
+    )
+    model_dir: str = _variable(DEFAULT_MODEL_DIR, MODEL_DIR_ENV, str, "directory passed to model_fn")
+    #: The response type when the client accepts anything (``None``: the prediction's natural format).
+    default_accept: str | None = _variable(
+        None,
+        "SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT",
+        str,
+        "media type of responses when the request's Accept allows anything",
+        default_text="the prediction's natural format",
+    )
+    server: str = _variable(
+        "granian",
+        "INFERENCE_SERVER_BACKEND",
+        _server,
+        "HTTP server: granian, fastest for real-time requests, or gunicorn, faster and leaner for bodies of many MB",
+        choices=SERVERS,
+    )
+    log_level: str = _variable(
+        "info", "INFERENCE_SERVER_LOG_LEVEL", _log_level, "critical, error, warning, info or debug"
+    )
 
     @property
     def log_level_number(self) -> int:
@@ -169,27 +236,28 @@ class Settings:
         return int(getattr(logging, self.log_level.upper()))
 
     @classmethod
-    def from_env(
-        cls, environ: Mapping[str, str] | None = None, *, host: str | None = None, **options: object
-    ) -> Settings:
+    def from_env(cls, environ: Mapping[str, str] | None = None, **options: object) -> Settings:
         """Build settings from environment variables; ``options`` that are not ``None`` (the command line) win.
 
-        ``options`` are fields of :data:`VARIABLES`; an invalid value names its option or variable.
+        ``options`` are field names; an invalid value names its option or variable.
         """
         env = os.environ if environ is None else environ
         unknown = set(options) - set(VARIABLES)
         if unknown:
             raise TypeError(f"unknown settings: {', '.join(sorted(unknown))}")
         values = {
-            field: _setting(field, options.get(field), env, name, parse, default)
-            for field, (name, parse, default) in VARIABLES.items()
+            field: _setting(field, options.get(field), env, variable, DEFAULTS[field])
+            for field, variable in VARIABLES.items()
         }
-        return cls(
-            host=host or "0.0.0.0",
-            default_accept=env.get("SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT") or None,
-            **values,  # type: ignore[arg-type]
-        )
+        return cls(**values)  # type: ignore[arg-type]
 
     def environ(self) -> dict[str, str]:
         """The environment variables that make :meth:`from_env` give these settings again (in worker processes)."""
-        return {name: str(getattr(self, field)) for field, (name, _, _) in VARIABLES.items()}
+        values = {variable.env: getattr(self, field) for field, variable in VARIABLES.items() if variable.env}
+        return {name: str(value) for name, value in values.items() if value is not None}
+
+
+#: Each setting's description, by field name, in declaration order.
+VARIABLES: dict[str, Variable] = {field.name: field.metadata["variable"] for field in dataclasses.fields(Settings)}
+#: Each setting's default, by field name.
+DEFAULTS: dict[str, object] = {field.name: field.default for field in dataclasses.fields(Settings)}

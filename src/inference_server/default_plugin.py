@@ -2,13 +2,36 @@
 
 from __future__ import annotations
 
+import contextvars
+import dataclasses
 import os
 from typing import Any
 
 from werkzeug.datastructures import MIMEAccept
 
 from inference_server import _settings, codecs
-from inference_server._plugins import plugin_hook
+from inference_server._hookspecs import plugin_hook
+
+
+@dataclasses.dataclass(frozen=True)
+class Defaults:
+    """What the built-in hooks take from the app that runs them: its decoding limits and default response type."""
+
+    limits: codecs.Limits = dataclasses.field(default_factory=codecs.Limits)
+    #: The media type to send when the client accepts anything (``SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT``).
+    default_accept: str | None = None
+
+
+#: The running app's :class:`Defaults`, set by the pipeline around each invocation (per app, not per process).
+current: contextvars.ContextVar[Defaults] = contextvars.ContextVar("inference_server_defaults")
+
+
+def _defaults() -> Defaults:
+    """The running app's defaults; outside an invocation, the default limits and the environment's default type."""
+    defaults = current.get(None)
+    if defaults is None:
+        return Defaults(default_accept=os.environ.get("SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT") or None)
+    return defaults
 
 
 def _identity(data: Any) -> Any:
@@ -26,7 +49,7 @@ def input_fn(input_data: bytes, content_type: str) -> Any:
     """Decode the body with the codec for its media type; a type no codec knows passes through as bytes."""
     if codecs.lookup(content_type) is None:
         return input_data
-    return codecs.loads(input_data, content_type)
+    return codecs.loads(input_data, content_type, _defaults().limits)
 
 
 @plugin_hook(trylast=True)
@@ -39,12 +62,12 @@ def predict_fn(data: Any, model: Any) -> Any:
 def output_fn(prediction: Any, accept: MIMEAccept) -> tuple[Any, str]:
     """Encode with the best codec ``accept`` allows for the prediction; bytes pass through as octet-stream.
 
-    When the client accepts anything, ``SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT`` wins, else the prediction's natural
-    format: ndarray -> npy, dict of arrays -> npz, Arrow table -> Arrow stream, anything else -> JSON.
+    When the client accepts anything, the app's default type (``SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT``) wins, else
+    the prediction's natural format: ndarray -> npy, dict of arrays -> npz, Arrow table -> Arrow stream, else JSON.
     """
     if isinstance(prediction, (bytes, bytearray, memoryview)):
         return prediction, "application/octet-stream"
-    codec = codecs.negotiate(accept, prediction, default=os.environ.get("SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT"))
+    codec = codecs.negotiate(accept, prediction, default=_defaults().default_accept)
     return codec.encode(prediction), codec.media_type
 
 

@@ -15,6 +15,7 @@ Catch :class:`InferenceServerError` for anything this package raises on purpose:
         ├── UnsupportedMediaType  415
         ├── NotAcceptable         406
         ├── ServiceUnavailable    503
+        │   └── ModelLoadError    503   model_fn raised; the reason is in the log
         └── GatewayTimeout        504   handling the request took longer than the timeout
 
 A hook may raise any :class:`werkzeug.exceptions.HTTPException` (these included) to choose the status of the
@@ -32,6 +33,7 @@ __all__ = [
     "GatewayTimeout",
     "HTTPError",
     "InferenceServerError",
+    "ModelLoadError",
     "NotAcceptable",
     "PayloadTooLarge",
     "PluginError",
@@ -104,3 +106,7 @@ class ServiceUnavailable(HTTPError, werkzeug.exceptions.ServiceUnavailable):
 
 class GatewayTimeout(HTTPError, werkzeug.exceptions.GatewayTimeout):
     """504: handling the request took longer than the server's timeout; the work was stopped or abandoned."""
+
+
+class ModelLoadError(ServiceUnavailable):
+    """503: ``model_fn`` raised, so there is no model to serve; the reason is in the log."""

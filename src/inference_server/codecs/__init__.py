@@ -10,7 +10,6 @@ from inference_server.codecs._registry import (
     Limits,
     bare,
     codec_for,
-    current_limits,
     dumps,
     encode,
     loads,
@@ -19,7 +18,6 @@ from inference_server.codecs._registry import (
     negotiate,
     quality,
     register,
-    set_limits,
 )
 from inference_server.codecs.arrow import FILE, STREAM, ArrowCodec
 from inference_server.codecs.csv import CSVCodec
@@ -35,7 +33,6 @@ __all__ = [
     "Limits",
     "bare",
     "codec_for",
-    "current_limits",
     "dumps",
     "encode",
     "loads",
@@ -44,7 +41,6 @@ __all__ = [
     "negotiate",
     "quality",
     "register",
-    "set_limits",
 ]
 
 # Registration order breaks ties in negotiation: binary arrays first, JSON before the other text formats.

@@ -111,11 +111,18 @@ def codec_for(media_type: str) -> Codec:
 _INPUT_ERRORS = (ValueError, TypeError, IndexError, KeyError, OverflowError, struct.error, zlib.error, EOFError)
 
 
+_DEFAULT_LIMITS = Limits()
+
+
 def loads(data: Buffer, media_type: str, limits: Limits | None = None) -> Any:
-    """Decode a body of ``media_type``; zero-copy for ``.npy``, stored ``.npz`` members and Arrow."""
+    """Decode a body of ``media_type`` within ``limits`` (default: :class:`Limits`' defaults).
+
+    Zero-copy for ``.npy``, stored ``.npz`` members and Arrow. The server passes the limits of its own
+    ``MaxPayloadInMB``, so two apps in one process each keep theirs.
+    """
     codec = codec_for(media_type)
     try:
-        return codec.decode(data, limits or current_limits())
+        return codec.decode(data, limits or _DEFAULT_LIMITS)
     except (DecodeError, UnsupportedMediaType):
         raise
     except _INPUT_ERRORS as exc:
@@ -135,29 +142,22 @@ def dumps(obj: Any, media_type: str) -> bytes:
     return b"".join(encode(obj, media_type))
 
 
-_limits = Limits()
+#: Media ranges of an Accept value: (type, subtype, q), in the header's order.
+Ranges = tuple[tuple[str, str, float], ...]
 
 
-def set_limits(limits: Limits) -> None:
-    """Set the decoding limits for this process (the server sets them from ``MaxPayloadInMB``)."""
-    global _limits
-    _limits = limits
-
-
-def current_limits() -> Limits:
-    """The decoding limits in force."""
-    return _limits
+def _range(media_range: str, quality: float) -> tuple[str, str, float]:
+    type_, _, subtype = media_range.split(";", 1)[0].strip().lower().partition("/")
+    return type_, subtype or "*", quality
 
 
 @functools.lru_cache(maxsize=256)
-def _parse_accept(accept: str) -> tuple[tuple[str, str, float], ...]:
+def _parse_accept(accept: str) -> Ranges:
     ranges = []
     for item in accept.split(","):
         parts = item.split(";")
-        media_range = parts[0].strip().lower()
-        if not media_range:
+        if not parts[0].strip():
             continue
-        type_, _, subtype = media_range.partition("/")
         quality = 1.0
         for parameter in parts[1:]:
             name, _, value = parameter.partition("=")
@@ -166,15 +166,37 @@ def _parse_accept(accept: str) -> tuple[tuple[str, str, float], ...]:
                     quality = min(max(float(value), 0.0), 1.0)
                 except ValueError:
                     quality = 0.0
-        ranges.append((type_, subtype or "*", quality))
+        ranges.append(_range(parts[0], quality))
     return tuple(ranges)
+
+
+@functools.lru_cache(maxsize=256)
+def _parsed_ranges(accept: tuple[tuple[str, float], ...]) -> Ranges:
+    """The ranges of an Accept value parsed already (werkzeug's MIMEAccept: (value, q) pairs)."""
+    return tuple(_range(value, quality) for value, quality in accept) or _parse_accept("*/*")
+
+
+def _ranges(accept: str | Iterable[tuple[str, float]] | None) -> Ranges:
+    """The media ranges of a header string, or of a parsed Accept (whose parse is reused, not repeated)."""
+    if accept is None:
+        return _parse_accept("*/*")
+    if isinstance(accept, str):
+        return _parse_accept(accept or "*/*")
+    try:
+        return _parsed_ranges(accept)  # type: ignore[arg-type]  # MIMEAccept is immutable and hashable
+    except TypeError:  # a plain list of pairs
+        return _parsed_ranges(tuple(accept))
 
 
 def quality(accept: str, media_type: str) -> float:
     """How much ``accept`` wants ``media_type``: the q of the most specific matching range (RFC 9110 12.5.1)."""
+    return _quality(_ranges(accept), media_type)
+
+
+def _quality(ranges: Ranges, media_type: str) -> float:
     type_, _, subtype = media_type.partition("/")
     best, best_specificity = 0.0, -1
-    for range_type, range_subtype, q in _parse_accept(accept or "*/*"):
+    for range_type, range_subtype, q in ranges:
         if range_type == type_ and range_subtype == subtype:
             specificity = 2
         elif range_type == type_ and range_subtype == "*":
@@ -194,7 +216,7 @@ def negotiate(accept: str | Iterable[tuple[str, float]] | None, obj: Any = None,
     The highest q wins; ties go to ``default`` (``SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT``), then to the natural
     format of ``obj`` (ndarray: npy, dict of arrays: npz, Table: Arrow, else JSON). Nothing acceptable: 406.
     """
-    header = _header(accept)
+    ranges = _ranges(accept)
     candidates = [codec for codec in _codecs.values() if codec.available() and codec.can_encode(obj)]
     default_codec = lookup(default) if default else None
     preference = sorted(
@@ -202,12 +224,13 @@ def negotiate(accept: str | Iterable[tuple[str, float]] | None, obj: Any = None,
     )  # stable: registration order breaks the remaining ties
     best, best_q = None, 0.0
     for codec in preference:
-        q = quality(header, codec.media_type)
+        q = _quality(ranges, codec.media_type)
         if q > best_q:
             best, best_q = codec, q
     if best is None:
+        header = _header(accept)
         offered = ", ".join(codec.media_type for codec in preference) or "nothing"
-        missing = [codec for codec in _codecs.values() if not codec.available() and quality(header, codec.media_type)]
+        missing = [codec for codec in _codecs.values() if not codec.available() and _quality(ranges, codec.media_type)]
         hint = "".join(f"; {codec.media_type} needs {codec.install_hint()}" for codec in missing)
         raise NotAcceptable(f"cannot send a {type(obj).__name__} as {header!r}; it can be sent as: {offered}{hint}")
     return best

@@ -1,4 +1,4 @@
-"""Running a request's work on a helper thread so that the request can be answered when the work overruns.
+"""Deadlines for a request's work: it runs on a helper thread, so that the request can be answered when it overruns.
 
 A hook stuck in ``time.sleep`` or in native code cannot be interrupted on the thread that runs it, so the thread the
 HTTP server gave the request waits for the work with a deadline and answers 408 or 504 itself. Helper threads are

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
-from inference_server import _calls
+from inference_server import _deadlines
 
 
 def _within(seconds: float) -> Callable[[], float]:
@@ -19,7 +19,7 @@ def _within(seconds: float) -> Callable[[], float]:
 
 def test_run_returns_the_result_and_reuses_the_thread() -> None:
     """Work runs on a helper thread; the same helper serves the next call."""
-    pool = _calls.Pool("test")
+    pool = _deadlines.Pool("test")
     names = [pool.run(lambda: threading.current_thread().name, _within(5)) for _ in range(3)]
     assert names[0] != threading.current_thread().name
     assert len(set(names)) == 1
@@ -28,7 +28,7 @@ def test_run_returns_the_result_and_reuses_the_thread() -> None:
 
 def test_run_reraises_the_work_exception() -> None:
     """An exception in the work is raised in the waiting thread."""
-    pool = _calls.Pool("test")
+    pool = _deadlines.Pool("test")
 
     def fail() -> None:
         raise KeyError("missing")
@@ -40,10 +40,10 @@ def test_run_reraises_the_work_exception() -> None:
 
 def test_overrun_raises_timed_out_and_the_helper_comes_back() -> None:
     """Past the deadline the waiter gets TimedOut; the abandoned helper rejoins the pool when its work ends."""
-    pool = _calls.Pool("test")
+    pool = _deadlines.Pool("test")
     release = threading.Event()
     started = time.monotonic()
-    with pytest.raises(_calls.TimedOut) as caught:
+    with pytest.raises(_deadlines.TimedOut) as caught:
         pool.run(release.wait, lambda: started + 0.2)
     assert 0.2 <= time.monotonic() - started < 1
     assert caught.value.helper.abandoned
@@ -61,23 +61,23 @@ def test_overrun_raises_timed_out_and_the_helper_comes_back() -> None:
 
 def test_a_moving_deadline_is_followed() -> None:
     """The deadline is asked again when a wait ends: work that moved on to a later deadline is waited for."""
-    pool = _calls.Pool("test")
-    call = _calls.Call()
+    pool = _deadlines.Pool("test")
+    call = _deadlines.Call()
     start = time.monotonic()
 
     def work() -> str:
-        call.enter(_calls.RUNNING)
+        call.enter(_deadlines.RUNNING)
         time.sleep(0.3)
         return "done"
 
-    assert pool.run(work, lambda: start + (0.1 if call.stage == _calls.READING else 5)) == "done"
+    assert pool.run(work, lambda: start + (0.1 if call.stage == _deadlines.READING else 5)) == "done"
 
 
 def test_overrunning_counts_abandoned_helpers_until_they_return() -> None:
     """``overrunning`` counts helpers whose deadline passed while their work goes on; concurrent work is not refused."""
-    pool = _calls.Pool("ping")
+    pool = _deadlines.Pool("ping")
     release = threading.Event()
-    with pytest.raises(_calls.TimedOut):
+    with pytest.raises(_deadlines.TimedOut):
         pool.run(release.wait, _within(0.05))
     assert pool.overrunning == 1
     assert pool.run(lambda: True, _within(1)) is True  # another helper serves meanwhile
@@ -92,15 +92,15 @@ def test_overrunning_counts_abandoned_helpers_until_they_return() -> None:
 def test_cancelled_call_gives_back_its_slot_once() -> None:
     """Cancelling a call returns its model slot; the work's own give_back is then a no-op; later stages stop."""
     slots = threading.BoundedSemaphore(1)
-    call = _calls.Call()
+    call = _deadlines.Call()
     call.take_slot(slots)
-    assert call.stage == _calls.RUNNING
+    assert call.stage == _deadlines.RUNNING
     assert not slots.acquire(blocking=False)
-    assert call.cancel() == _calls.RUNNING
+    assert call.cancel() == _deadlines.RUNNING
     call.give_back()  # BoundedSemaphore raises if released twice
     assert slots.acquire(blocking=False)
-    with pytest.raises(_calls.Cancelled):
-        call.enter(_calls.RUNNING)
+    with pytest.raises(_deadlines.Cancelled):
+        call.enter(_deadlines.RUNNING)
     slots.release()
 
 
@@ -108,7 +108,7 @@ def test_cancelled_call_waiting_for_a_slot_does_not_keep_it() -> None:
     """A call cancelled while it waited for the model releases the slot it gets and stops."""
     slots = threading.BoundedSemaphore(1)
     slots.acquire()
-    call = _calls.Call()
+    call = _deadlines.Call()
     errors: list[BaseException] = []
 
     def wait_for_slot() -> None:
@@ -120,8 +120,8 @@ def test_cancelled_call_waiting_for_a_slot_does_not_keep_it() -> None:
     waiter = threading.Thread(target=wait_for_slot)
     waiter.start()
     time.sleep(0.05)
-    assert call.cancel() == _calls.WAITING
+    assert call.cancel() == _deadlines.WAITING
     slots.release()
     waiter.join(5)
-    assert isinstance(errors[0], _calls.Cancelled)
+    assert isinstance(errors[0], _deadlines.Cancelled)
     assert slots.acquire(blocking=False)

@@ -1,0 +1,130 @@
+"""One invocation without HTTP: (body, content type, Accept, model) -> ``input_fn`` -> ``predict_fn`` -> ``output_fn``.
+
+The WSGI app calls it for ``/invocations``; Batch Transform, micro-batching, multi-model endpoints and the Open
+Inference Protocol are to call the same :class:`Pipeline`, so every mode runs the hooks alike. It knows nothing of
+WSGI: no environ, no status line, no body reading.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any, NamedTuple
+
+import pluggy
+import werkzeug.http
+from werkzeug.datastructures import MIMEAccept
+
+from inference_server import _model, _plugins, codecs, default_plugin
+from inference_server._settings import BatchStrategy, Settings
+from inference_server.errors import ConfigurationError, ModelLoadError
+
+logger = logging.getLogger("inference_server")
+
+_MB = 1 << 20
+
+
+class Output(NamedTuple):
+    """What ``output_fn`` made of a prediction: the body as buffers, its media type, and extra headers."""
+
+    #: The body is the concatenation of these (an array's own memory, not a copy).
+    buffers: list[codecs.Buffer]
+    media_type: str
+    #: Response headers ``output_fn`` asked for (its optional third item), e.g. custom attributes.
+    headers: list[tuple[str, str]]
+
+    @property
+    def nbytes(self) -> int:
+        """The body's length in bytes."""
+        buffers = self.buffers
+        if len(buffers) == 1 and type(buffers[0]) is bytes:  # the usual small answer: no memoryview needed
+            return len(buffers[0])
+        return sum(memoryview(buffer).nbytes for buffer in buffers)
+
+
+def execution_parameters(pm: pluggy.PluginManager) -> dict[str, Any]:
+    """SageMaker's execution parameters from the hooks; an invalid hook value is a :class:`ConfigurationError`."""
+    strategy = pm.hook.batch_strategy()
+    try:
+        strategy = BatchStrategy.parse(strategy)
+    except ValueError as exc:
+        raise ConfigurationError(f"hook batch_strategy returned {exc}") from None
+    values: dict[str, Any] = {"BatchStrategy": strategy.value}
+    for hook_name, key, minimum in (
+        ("max_concurrent_transforms", "MaxConcurrentTransforms", 1),
+        ("max_payload_in_mb", "MaxPayloadInMB", 0),
+    ):
+        value = getattr(pm.hook, hook_name)()
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ConfigurationError(f"hook {hook_name} returned {value!r}: it must be an integer >= {minimum}")
+        values[key] = value
+    return values
+
+
+class Pipeline:
+    """The hooks of one plugin manager for one model directory, resolved once, run once per invocation."""
+
+    def __init__(self, settings: Settings, pm: pluggy.PluginManager) -> None:
+        self.pm = pm
+        self.model_dir = settings.model_dir
+        #: ``/execution-parameters``: checked here, so that invalid hook values stop start-up.
+        self.execution_parameters = execution_parameters(pm)
+        mb = self.execution_parameters["MaxPayloadInMB"]
+        #: The largest body accepted, in bytes (``None``: no limit, as for Batch Transform's chunked mode).
+        self.max_body: int | None = mb * _MB if mb else None
+        self._defaults = default_plugin.Defaults(codecs.Limits.for_payload(mb), settings.default_accept)
+        self._input_fn = _plugins.first_result_caller(pm, "input_fn")
+        self._predict_fn = _plugins.first_result_caller(pm, "predict_fn")
+        self._output_fn = _plugins.first_result_caller(pm, "output_fn")
+
+    def model(self) -> Any:
+        """The loaded model (loading it now if needed); :class:`ModelLoadError` if ``model_fn`` failed."""
+        return _model.get_model(self.pm, self.model_dir)
+
+    def healthy(self) -> bool:
+        """Whether the model is loaded and ``ping_fn`` says it is healthy (a raising ``ping_fn`` is logged: no)."""
+        try:
+            healthy = bool(self.pm.hook.ping_fn(model=self.model()))
+        except ModelLoadError:
+            return False  # model_fn's traceback was logged when it failed
+        except Exception:
+            logger.exception("ping_fn raised; answering 503")
+            return False
+        if not healthy:
+            logger.warning("Ping: ping_fn returned False; answering 503")
+        return healthy
+
+    def invoke(self, body: codecs.Buffer, content_type: str, accept: str, model: Any) -> Output:
+        """Run ``input_fn``, ``predict_fn`` and ``output_fn`` on one body; exceptions are the hooks' own."""
+        token = default_plugin.current.set(self._defaults)
+        try:
+            data = self._input_fn(input_data=body, content_type=content_type)
+            prediction = self._predict_fn(data=data, model=model)
+            result = self._output_fn(prediction=prediction, accept=parse_accept(accept))
+        finally:
+            default_plugin.current.reset(token)
+        return _output(result)
+
+
+@functools.lru_cache(maxsize=256)
+def parse_accept(header: str) -> MIMEAccept:
+    """The parsed Accept header (``*/*`` when empty); clients send the same few values again and again."""
+    return werkzeug.http.parse_accept_header(header or "*/*", MIMEAccept)
+
+
+def _output(result: Any) -> Output:
+    """Check ``output_fn``'s ``(body, content_type[, headers])`` and turn it into an :class:`Output`."""
+    if not isinstance(result, tuple) or len(result) not in (2, 3):
+        raise TypeError(f"output_fn must return (body, content_type) or (body, content_type, headers), not {result!r}")
+    headers = [(str(name), str(value)) for name, value in result[2].items()] if len(result) == 3 else []
+    return Output(_as_buffers(result[0]), str(result[1]), headers)
+
+
+def _as_buffers(content: Any) -> list[codecs.Buffer]:
+    if isinstance(content, (bytes, bytearray, memoryview)):
+        return [content]
+    if isinstance(content, str):
+        return [content.encode()]
+    if isinstance(content, (list, tuple)):
+        return [buffer for item in content for buffer in _as_buffers(item)]
+    raise TypeError(f"output_fn returned a body of type {type(content).__name__}; expected bytes-like or str")

@@ -1,0 +1,65 @@
+"""What ``inference-server serve`` runs: the chosen HTTP server backend, with our process lifecycle on top.
+
+Either backend (:mod:`.granian`, the default, or :mod:`.gunicorn`) runs in the process that ``serve`` started (no
+wrapper process), with the worker processes as its children; each worker loads the model before it accepts traffic.
+Only the chosen backend is imported. On top of each backend's own supervisor:
+
+- SIGTERM drains (:mod:`._drain`): workers answer ``/ping`` and new invocations 503 while requests in flight finish
+  (at most ``graceful_timeout`` seconds), then the backend stops as usual and the process exits 0 (1 if time ran
+  out). A second SIGTERM, or SIGINT, kills the workers and exits at once with 128 + the signal number.
+- A worker that dies is replaced; one that asks to be replaced (``--max-requests``, work stuck past its timeout)
+  finishes its requests in flight while a new one takes over. The serving process and its workers share that state
+  through :mod:`._state`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+
+from inference_server import _plugins
+from inference_server._app import App
+from inference_server._settings import Settings
+from inference_server.errors import ConfigurationError, ModelLoadError, PluginError
+
+logger = logging.getLogger("inference_server")
+
+#: Keep idle client connections open longer than the usual 60 s idle timeout of load balancers.
+KEEPALIVE = 65
+#: Server threads per worker beyond the model's own (``--threads``): /ping and requests waiting for the model must
+#: not queue inside the server, where they could neither be answered quickly nor be counted while draining.
+EXTRA_SERVER_THREADS = 32
+
+
+def server_threads(settings: Settings) -> int:
+    """Threads each worker's HTTP server runs requests on."""
+    return settings.threads + EXTRA_SERVER_THREADS
+
+
+def load_model(app: App) -> None:
+    """Load the model in a worker before it serves; a failure is logged (with its traceback) and /ping says 503."""
+    with contextlib.suppress(ModelLoadError):
+        app.model()
+
+
+def serve(settings: Settings) -> int:
+    """Check the plugins and settings, then serve until SIGTERM; return the exit status (1 if the drain timed out)."""
+    logging.basicConfig(
+        level=settings.log_level_number, format="%(asctime)s [%(process)d] [%(levelname)s] %(name)s: %(message)s"
+    )
+    os.environ.update(settings.environ())  # worker processes, create_app() and warmup() in user code agree
+    try:
+        app = App(settings, _plugins.manager())
+    except (PluginError, ConfigurationError) as exc:
+        logger.error("Cannot start: %s", exc)
+        print(f"inference-server: error: {exc}", file=sys.stderr)
+        return 1
+    if settings.server == "granian":
+        from inference_server.server import granian
+
+        return granian.run(app)
+    from inference_server.server import gunicorn
+
+    return gunicorn.run(app)

@@ -1,0 +1,204 @@
+"""The granian backend: its WSGI interface, with the drain and worker replacement of :mod:`inference_server.server`.
+
+This is the only module that touches granian's internals. Tested with granian 2.8 (the pin is ``>=2.8,<3``);
+:data:`INTERNALS` lists what :class:`Server` relies on, :func:`check_internals` fails start-up loudly (and a test
+fails) if any of it disappears:
+
+- ``MPServer`` methods overridden: ``startup`` (to hear SIGUSR1), ``signal_handler_interrupt`` (SIGTERM drains),
+  ``_respawn_workers`` and ``_spawn_worker`` (a replacement waits until its successor listens);
+- ``MPServer`` attributes read or set: ``wrks`` (the workers; each one's ``idx``, ``inner.pid``, ``start`` and
+  ``is_alive``), ``respawned_wrks`` (granian's crash-loop memory), ``interrupt_children`` (workers to replace),
+  ``main_loop_interrupt`` (wakes the supervisor), ``interrupt_signal`` (stop), ``workers_kill_timeout``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from granian.constants import Interfaces
+from granian.http import HTTP1Settings
+from granian.log import LogLevels
+from granian.server.mp import MPServer, WorkerProcess
+
+from inference_server import _plugins
+from inference_server._app import App
+from inference_server._settings import Settings
+from inference_server.server import _drain, _state, load_model, server_threads
+
+logger = logging.getLogger("inference_server")
+
+#: Seconds a replaced worker goes on serving while its successor loads the model, at most.
+_READY_WAIT = 120.0
+
+#: granian's internals that :class:`Server` relies on: ``(class, attribute)``; instance attributes are checked on
+#: a constructed server.
+INTERNALS: tuple[tuple[type, str], ...] = (
+    *((MPServer, name) for name in ("startup", "signal_handler_interrupt", "_respawn_workers", "_spawn_worker")),
+    *((MPServer, name) for name in ("wrks", "respawned_wrks", "interrupt_children", "main_loop_interrupt")),
+    *((MPServer, name) for name in ("interrupt_signal", "workers_kill_timeout")),
+    *((WorkerProcess, name) for name in ("start", "is_alive")),
+)
+
+
+def check_internals(server: MPServer) -> None:
+    """Raise RuntimeError naming each granian internal this module relies on that ``server`` lacks."""
+    missing = [
+        f"{cls.__name__}.{name}" for cls, name in INTERNALS if not hasattr(server if cls is MPServer else cls, name)
+    ]
+    if missing:
+        import granian
+
+        raise RuntimeError(
+            f"granian {granian.__version__} lacks {', '.join(missing)}, which inference-server's drain and worker "
+            "replacement rely on (tested with granian 2.8); install 'granian>=2.8,<3' or use --server gunicorn"
+        )
+
+
+def granian_app() -> App:
+    """The app factory granian's workers call: the app from the environment (set by ``serve``), model loaded.
+
+    granian writes any bytes-like body item, so the app hands it the arrays' own memory (no copy)."""
+    settings = Settings.from_env()
+    app = App(settings, _plugins.manager(), bytes_only=False)
+    app.worker = _state.Worker.attach(_state.recycle_by_supervisor, settings.max_requests, settings.max_requests_jitter)
+    load_model(app)
+    if app.worker is not None:
+        app.worker.mark_ready()
+    return app
+
+
+class _ThreadWarningFilter(logging.Filter):
+    """Drop granian's warning about many Python threads: ours mostly wait (EXTRA_SERVER_THREADS)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Python threads" not in record.getMessage()
+
+
+def serving(supervisor: _state.Supervisor, pid: int, port: int) -> bool:
+    """True once worker ``pid`` has loaded the model and listens on ``port``.
+
+    granian's workers on Linux each listen on their own SO_REUSEPORT socket, opened after the model is loaded: the
+    socket is found through /proc (where there is no /proc, the model being loaded has to do).
+    """
+    if not supervisor.ready(pid):
+        return False
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return True
+    sockets = set()
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if target.startswith("socket:["):
+                sockets.add(target[8:-1])
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()
+                local, state, inode = fields[1], fields[3], fields[9]
+                if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port and inode in sockets:  # 0A: LISTEN
+                    return True
+    return False
+
+
+class Server(MPServer):
+    """granian's process supervisor, draining on SIGTERM and replacing workers that ask for it."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.drain = _drain.Drain(settings)
+        self.port = settings.port
+        #: Indexes of workers whose successor must be listening before they stop.
+        self.replacing: set[int] = set()
+        super().__init__(
+            f"{__name__}:granian_app",
+            address=settings.host,
+            port=settings.port,
+            interface=Interfaces.WSGI,
+            workers=settings.workers,
+            blocking_threads=server_threads(settings),
+            http1_settings=HTTP1Settings(
+                header_read_timeout=min(settings.read_timeout, 60) * 1000,
+                keep_alive=True,
+                max_buffer_size=settings.max_header_bytes,
+            ),
+            factory=True,
+            log_level=LogLevels(settings.log_level),
+            respawn_failed_workers=True,
+            workers_kill_timeout=settings.graceful_timeout,
+        )
+
+    def _pids(self) -> list[int]:
+        return [worker.inner.pid for worker in self.wrks if worker.inner.pid]
+
+    def startup(self, spawn_target: Any, target_loader: Any) -> None:
+        super().startup(spawn_target, target_loader)  # type: ignore[no-untyped-call]
+        signal.signal(signal.SIGUSR1, self._replace_workers)
+
+    def signal_handler_interrupt(self, signum: int = signal.SIGINT, frame: Any = None) -> None:
+        if signum != signal.SIGTERM or self.drain.deadline is not None:
+            self.drain.force_exit(signum, self._pids())
+        self.drain.start()
+        threading.Thread(target=self._wait_for_drain, name="drain", daemon=True).start()
+
+    def _wait_for_drain(self) -> None:
+        while not self.drain.finished(self._pids()):
+            time.sleep(_drain.POLL)
+        if self.drain.timed_out:  # the grace period is spent: busy workers get 1 s more, then SIGKILL
+            self.workers_kill_timeout = 1
+        self.interrupt_signal = True
+        self.main_loop_interrupt.set()
+
+    def _replace_workers(self, signum: int = signal.SIGUSR1, frame: Any = None) -> None:
+        if self.drain.deadline is not None:
+            return  # every worker stops soon anyway
+        asked = self.drain.supervisor.recycle_requests(self._pids())
+        for worker in self.wrks:
+            if worker.inner.pid in asked:
+                # granian's own path for a failed worker: start a new one, then stop the old one gracefully
+                self.respawned_wrks.pop(worker.idx, None)  # a requested replacement is not a crash loop
+                self.replacing.add(worker.idx)
+                self.interrupt_children.append(worker.idx)
+        if asked:
+            self.main_loop_interrupt.set()
+
+    def _respawn_workers(self, workers: Any, spawn_target: Any, target_loader: Any, delay: float = 0) -> None:
+        super()._respawn_workers(workers, spawn_target, target_loader, delay)
+        self._replace_workers()  # requests from workers that were starting meanwhile
+
+    def _spawn_worker(self, idx: int, target: Any, callback_loader: Any) -> Any:  # type: ignore[override]
+        worker: Any = super()._spawn_worker(idx, target, callback_loader)
+        if idx in self.replacing:  # the old worker stops only once the new one serves (each has its socket)
+            self.replacing.discard(idx)
+            start = worker.start
+
+            def start_and_wait() -> None:
+                start()
+                deadline = time.monotonic() + _READY_WAIT
+                pid = worker.inner.pid
+                while not serving(self.drain.supervisor, pid, self.port) and worker.is_alive():
+                    if time.monotonic() > deadline:
+                        break
+                    time.sleep(_drain.POLL)
+
+            worker.start = start_and_wait
+        return worker
+
+
+def run(app: App) -> int:
+    """Serve with granian until SIGTERM; return the exit status. ``app`` checked the plugins and settings."""
+    server = Server(app.settings)
+    check_internals(server)
+    logging.getLogger("_granian").addFilter(_ThreadWarningFilter())
+    try:
+        server.serve()
+    finally:
+        server.drain.supervisor.close()
+    return 1 if server.drain.timed_out else 0

@@ -1,0 +1,132 @@
+"""One invocation without HTTP: the hooks in order, their output as buffers, and per-app codec settings."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+from inference_server import _pipeline, _plugins, codecs, plugin_hook
+from inference_server._settings import Settings
+from inference_server.errors import DecodeError
+
+NPY = "application/x-npy"
+NPZ = "application/x-npz"
+JSON = "application/json"
+
+
+class _Payload:
+    """A model whose MaxPayloadInMB is ``mb``."""
+
+    def __init__(self, mb: int) -> None:
+        self.mb = mb
+
+    @plugin_hook
+    def max_payload_in_mb(self) -> int:
+        return self.mb
+
+
+def _pipeline_with(*plugins: object, **settings: Any) -> _pipeline.Pipeline:
+    return _pipeline.Pipeline(Settings(model_dir="/nonexistent", **settings), _plugins.build_manager([], plugins))
+
+
+def test_invoke_runs_the_default_hooks_and_returns_buffers() -> None:
+    """An npy body is decoded, echoed by the default model and encoded back, as buffers of the array's memory."""
+    pipeline = _pipeline_with()
+    array = np.arange(12, dtype=np.float32).reshape(3, 4)
+    output = pipeline.invoke(codecs.dumps(array, NPY), NPY, "*/*", pipeline.model())
+    assert (output.media_type, output.headers) == (NPY, [])
+    body = b"".join(bytes(buffer) for buffer in output.buffers)
+    assert output.nbytes == len(body)
+    assert np.array_equal(codecs.loads(body, NPY), array)
+
+
+def test_invoke_passes_output_fn_headers_and_str_bodies() -> None:
+    """``output_fn``'s optional third item becomes headers; a str body is sent as UTF-8."""
+
+    class Greeting:
+        @plugin_hook
+        def output_fn(self, prediction: Any, accept: Any) -> Any:
+            return "héllo", "text/plain", {"X-Amzn-SageMaker-Custom-Attributes": "a=1"}
+
+    pipeline = _pipeline_with(Greeting())
+    output = pipeline.invoke(b"", "application/octet-stream", "*/*", pipeline.model())
+    assert output == ([b"h\xc3\xa9llo"], "text/plain", [("X-Amzn-SageMaker-Custom-Attributes", "a=1")])
+
+
+def test_output_fn_returning_something_else_is_a_type_error() -> None:
+    """An ``output_fn`` that returns neither a pair nor a triple is the plugin's bug, named as such."""
+
+    class Bad:
+        @plugin_hook
+        def output_fn(self, prediction: Any, accept: Any) -> Any:
+            return b"body only"
+
+    pipeline = _pipeline_with(Bad())
+    with pytest.raises(TypeError, match="output_fn must return"):
+        pipeline.invoke(b"x", "application/octet-stream", "*/*", pipeline.model())
+
+
+def test_accept_reaches_output_fn_parsed_once() -> None:
+    """``output_fn`` gets werkzeug's MIMEAccept, the same object for the same header (parsed once, not per call)."""
+    seen: list[Any] = []
+
+    class Recorder:
+        @plugin_hook
+        def output_fn(self, prediction: Any, accept: Any) -> Any:
+            seen.append(accept)
+            return b"", "application/octet-stream"
+
+    pipeline = _pipeline_with(Recorder())
+    for _ in range(2):
+        pipeline.invoke(b"", "application/octet-stream", "application/json;q=0.5, text/csv", pipeline.model())
+    assert seen[0] is seen[1]
+    assert (seen[0].best, seen[0]["application/json"]) == ("text/csv", 0.5)
+
+
+def test_codec_limits_are_per_pipeline(npz_bomb: Callable[..., bytes]) -> None:
+    """Two pipelines in one process keep their own MaxPayloadInMB's decoding limits, whichever ran last."""
+    body = npz_bomb(1, declared=1500 << 20)  # declares 1.5 GiB: over 1 GiB (6 MB payload), under 2 GB (200 MB)
+    small, large = _pipeline_with(), _pipeline_with(_Payload(200))
+    for pipeline, message in [(large, "inflates to fewer bytes"), (small, "at most 1073741824"), (large, "fewer")]:
+        with pytest.raises(DecodeError, match=message):
+            pipeline.invoke(body, NPZ, "*/*", pipeline.model())
+
+
+def test_default_accept_is_per_pipeline() -> None:
+    """Each pipeline's ``default_accept`` picks its response type under ``*/*``; outside, the environment's does."""
+    body = codecs.dumps(np.arange(3), NPY)
+    as_json, as_npy = _pipeline_with(default_accept=JSON), _pipeline_with()
+    assert as_json.invoke(body, NPY, "*/*", as_json.model()).media_type == JSON
+    assert as_npy.invoke(body, NPY, "*/*", as_npy.model()).media_type == NPY
+
+
+def test_healthy_follows_ping_fn_and_the_model() -> None:
+    """``healthy()`` is ping_fn's answer; a failing model_fn or a raising ping_fn is unhealthy, not an error."""
+
+    class Sick:
+        @plugin_hook
+        def ping_fn(self, model: Any) -> bool:
+            return False
+
+    class Raising:
+        @plugin_hook
+        def ping_fn(self, model: Any) -> bool:
+            raise RuntimeError("probe failed")
+
+    class Broken:
+        @plugin_hook
+        def model_fn(self, model_dir: str) -> Any:
+            raise OSError("weights missing")
+
+    assert _pipeline_with().healthy()
+    assert not any(_pipeline_with(plugin).healthy() for plugin in (Sick(), Raising(), Broken()))
+
+
+def test_execution_parameters_and_body_limit_come_from_the_hooks() -> None:
+    """MaxPayloadInMB from the hook sets the body limit in bytes; 0 means none."""
+    assert _pipeline_with(_Payload(12)).max_body == 12 << 20
+    assert _pipeline_with(_Payload(0)).max_body is None
+    assert _pipeline_with(_Payload(12)).execution_parameters["MaxPayloadInMB"] == 12
