@@ -127,7 +127,7 @@ class Reply:
 class Server:
     """``inference-server serve`` in a subprocess on a free port of 127.0.0.1."""
 
-    def __init__(self, args: list[str], env: dict[str, str], log: Path) -> None:
+    def __init__(self, args: list[str], env: dict[str, str], log: Path, new_session: bool = False) -> None:
         self.log = log
         command = [sys.executable, "-m", "inference_server", "serve", "--host", "127.0.0.1", "--workers", "1", *args]
         if "SAGEMAKER_BIND_TO_PORT" in env:
@@ -136,7 +136,9 @@ class Server:
             self.port = free_port()
             command += ["--port", str(self.port)]
         with log.open("wb") as out:
-            self.process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
+            self.process = subprocess.Popen(
+                command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=new_session
+            )
 
     def wait_ready(self, deadline: float = READY_DEADLINE) -> Server:
         """Wait until ``/ping`` answers (any status), or fail with the server's log."""
@@ -185,6 +187,8 @@ class Server:
         return max(peaks)
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 15) -> int:
+        """Stop the server (SIGKILL if it does not exit in time) and any worker of it still alive."""
+        workers = self.workers() if self.process.poll() is None else set()
         if self.process.poll() is None:
             self.process.send_signal(sig)
             try:
@@ -192,7 +196,17 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        for pid in workers:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
         return self.process.returncode
+
+    def workers(self) -> set[int]:
+        """The server's child processes now."""
+        with contextlib.suppress(OSError):
+            children = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children").read_text()
+            return {int(pid) for pid in children.split()}
+        return set()
 
 
 class ServerFactory:
@@ -217,10 +231,13 @@ class ServerFactory:
         plugins: list[str] | None = None,
         env: dict[str, str] | None = None,
         wait: bool = True,
+        new_session: bool = False,
     ) -> Server:
-        """Start a server with the site's plugins (or only ``plugins``) on a free port, unless ``env`` names one."""
+        """Start a server with the site's plugins (or only ``plugins``) on a free port, unless ``env`` names one.
+
+        ``new_session``: in a process group of its own, so that a test may signal the whole group."""
         log = self.tmp_path / f"server-{len(self.servers)}.log"
-        server = Server(list(args), self.environment(plugins, env), log)
+        server = Server(list(args), self.environment(plugins, env), log, new_session)
         self.servers.append(server)
         return server.wait_ready() if wait else server
 

@@ -23,8 +23,8 @@ def server() -> Iterator[granian.Server]:
 def test_every_granian_internal_we_touch_exists(server: granian.Server) -> None:
     """Each method and attribute the drain and worker replacement rely on is there in the installed granian."""
     granian.check_internals(server)
-    for cls, name in granian.INTERNALS:
-        assert hasattr(server if cls is granian.MPServer else cls, name), f"{cls.__name__}.{name}"
+    for owner, name in granian.INTERNALS:
+        assert hasattr(server if owner is granian.MPServer else owner, name), f"{owner}.{name}"
 
 
 def test_a_missing_internal_stops_start_up_with_its_name(

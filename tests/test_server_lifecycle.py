@@ -334,3 +334,42 @@ def test_concurrent_pings_are_all_healthy(servers: Any) -> None:
     for client in clients:
         client.join(30)
     assert statuses == [200] * 320
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie waiting to be reaped does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_sigterm_to_the_process_group_drains_without_respawning(servers: Any, backend: str) -> None:
+    """SIGTERM to the whole process group (systemd, ``timeout``): all requests in flight answered, no worker
+    replaced or reloaded, exit 0."""
+    server = servers.start("--server", backend, "--workers", "2", "--threads", "4", new_session=True)
+    replies: list[Any] = []
+    clients = [threading.Thread(target=lambda: replies.append(_post(server, b"sleep 1.5"))) for _ in range(8)]
+    for client in clients:
+        client.start()
+    time.sleep(0.5)
+    os.killpg(server.process.pid, signal.SIGTERM)
+    for client in clients:
+        client.join(30)
+    assert [(reply.status, reply.body) for reply in replies] == [(200, b"sleep 1.5")] * 8
+    assert server.process.wait(20) == 0
+    output = server.output()
+    assert output.count("Loading the model") == 2
+    after = output[output.index("SIGTERM: draining") :]
+    for respawn in ("Respawning", "Unexpected exit", "Spawning worker", "Booting worker"):
+        assert respawn not in after
+
+
+def test_killed_server_leaves_no_worker_behind(servers: Any, backend: str) -> None:
+    """``kill -9`` of ``serve``: its workers exit within 2 s instead of serving on as orphans."""
+    server = servers.start("--server", backend, "--workers", "2")
+    workers = _children(server.process.pid)
+    assert len(workers) == 2
+    server.process.kill()
+    server.process.wait()
+    _wait_for(lambda: not any(_alive(pid) for pid in workers), 2.5, "workers outlived their server")

@@ -23,6 +23,7 @@ from inference_server import _plugins
 from inference_server._app import App
 from inference_server._settings import Settings
 from inference_server.errors import ConfigurationError, ModelLoadError, PluginError
+from inference_server.server import _port
 
 logger = logging.getLogger("inference_server")
 
@@ -44,6 +45,12 @@ def load_model(app: App) -> None:
         app.model()
 
 
+def _cannot_start(reason: str) -> int:
+    """Say in one line on stderr why the server cannot start; the exit status is 1."""
+    print(f"inference-server: error: {reason}", file=sys.stderr)
+    return 1
+
+
 def serve(settings: Settings) -> int:
     """Check the plugins and settings, then serve until SIGTERM; return the exit status (1 if the drain timed out)."""
     logging.basicConfig(
@@ -53,9 +60,10 @@ def serve(settings: Settings) -> int:
     try:
         app = App(settings, _plugins.manager())
     except (PluginError, ConfigurationError) as exc:
-        logger.error("Cannot start: %s", exc)
-        print(f"inference-server: error: {exc}", file=sys.stderr)
-        return 1
+        return _cannot_start(str(exc))
+    problem = _port.in_use(settings)
+    if problem is not None:
+        return _cannot_start(problem)
     if settings.server == "granian":
         from inference_server.server import granian
 

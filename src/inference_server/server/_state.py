@@ -5,6 +5,11 @@ holds ``control``, whose first byte says "draining", and one 8-byte file per wor
 worker's requests in flight. Both are memory-mapped: a request reads the flag and updates its count without a
 system call. A worker that must be replaced (too many requests served, work stuck past its timeout) asks for it
 through ``recycle`` (set by the server backend).
+
+A SIGTERM reaches a worker from the serving process (stopping it, after writing ``stop-PID``), from the worker
+itself (recycling) or from outside: systemd, ``timeout`` and some init systems signal the whole process group. Only
+the first two stop it; from outside, the serving process got the same signal and drains, and the worker takes part
+in that drain instead of dying (:meth:`Worker.stop_requested`). A worker also exits when the serving process is gone.
 """
 
 from __future__ import annotations
@@ -19,12 +24,15 @@ import signal
 import struct
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
 logger = logging.getLogger("inference_server")
 
 RUN_DIR_ENV = "INFERENCE_SERVER_RUN_DIR"
+#: Seconds between a worker's checks that the serving process is still its parent.
+PARENT_POLL = 0.5
 _COUNT = struct.Struct("<q")
 
 
@@ -63,6 +71,11 @@ class Supervisor:
         """True once worker ``pid`` has loaded the model and serves."""
         return (self.path / f"ready-{pid}").exists()
 
+    def mark_stop(self, pid: int) -> None:
+        """Say that the SIGTERM worker ``pid`` is about to get comes from us: it stops, instead of ignoring it."""
+        with contextlib.suppress(OSError):
+            (self.path / f"stop-{pid}").touch()
+
     def recycle_requests(self, pids: Iterable[int]) -> list[int]:
         """Those of the workers ``pids`` that asked to be replaced since the last call (others' requests wait)."""
         asked = []
@@ -97,6 +110,9 @@ class Worker:
         self._recycle = recycle
         self.recycling = False
         self._ready = path / f"ready-{os.getpid()}"
+        self._stop = path / f"stop-{os.getpid()}"
+        self._parent = os.getppid()
+        threading.Thread(target=self._watch_parent, name="parent-watch", daemon=True).start()
 
     @classmethod
     def attach(cls, recycle: Callable[[str], None], max_requests: int = 0, jitter: int = 0) -> Worker | None:
@@ -105,6 +121,17 @@ class Worker:
         if not path or not os.path.isdir(path):
             return None
         return cls(Path(path), recycle, max_requests, jitter)
+
+    def _watch_parent(self) -> None:
+        """Exit within a second of the serving process's death, however it died (kill -9 included)."""
+        while os.getppid() == self._parent:
+            time.sleep(PARENT_POLL)
+        logger.error("Worker %d: the serving process %d is gone; exiting", os.getpid(), self._parent)
+        os._exit(1)
+
+    def stop_requested(self) -> bool:
+        """Whether a SIGTERM reaching this worker now was sent by the serving process, or by the worker itself."""
+        return self.recycling or self._stop.exists()
 
     def mark_ready(self) -> None:
         """Tell the serving process that this worker has loaded the model."""

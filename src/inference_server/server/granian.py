@@ -6,22 +6,24 @@ fails) if any of it disappears:
 
 - ``MPServer`` methods overridden: ``startup`` (to hear SIGUSR1), ``signal_handler_interrupt`` (SIGTERM drains),
   ``_respawn_workers`` and ``_spawn_worker`` (a replacement waits until its successor listens);
-- ``MPServer`` attributes read or set: ``wrks`` (the workers; each one's ``idx``, ``inner.pid``, ``start`` and
-  ``is_alive``), ``respawned_wrks`` (granian's crash-loop memory), ``interrupt_children`` (workers to replace),
-  ``main_loop_interrupt`` (wakes the supervisor), ``interrupt_signal`` (stop), ``workers_kill_timeout``.
+- ``granian._signals.set_main_signals``, wrapped in each worker so that a SIGTERM from outside (to the whole process
+  group) does not stop it: the serving process drains, then stops it;
+- ``MPServer`` attributes read or set: ``wrks`` (the workers; each one's ``idx``, ``inner.pid``, ``start``,
+  ``terminate`` and ``is_alive``), ``respawned_wrks`` (granian's crash-loop memory), ``interrupt_children``
+  (workers to replace), ``main_loop_interrupt`` (wakes the supervisor), ``interrupt_signal`` (stop),
+  ``workers_kill_timeout``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import signal
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
+from granian import _signals as granian_signals
 from granian.constants import Interfaces
 from granian.http import HTTP1Settings
 from granian.log import LogLevels
@@ -30,27 +32,30 @@ from granian.server.mp import MPServer, WorkerProcess
 from inference_server import _plugins
 from inference_server._app import App
 from inference_server._settings import Settings
-from inference_server.server import _drain, _state, load_model, server_threads
+from inference_server.server import _drain, _port, _state, load_model, server_threads
 
 logger = logging.getLogger("inference_server")
 
 #: Seconds a replaced worker goes on serving while its successor loads the model, at most.
 _READY_WAIT = 120.0
 
-#: granian's internals that :class:`Server` relies on: ``(class, attribute)``; instance attributes are checked on
-#: a constructed server.
-INTERNALS: tuple[tuple[type, str], ...] = (
+#: granian's internals that this module relies on: ``(owner, attribute)``; MPServer's instance attributes are
+#: checked on a constructed server.
+INTERNALS: tuple[tuple[object, str], ...] = (
+    (granian_signals, "set_main_signals"),
     *((MPServer, name) for name in ("startup", "signal_handler_interrupt", "_respawn_workers", "_spawn_worker")),
     *((MPServer, name) for name in ("wrks", "respawned_wrks", "interrupt_children", "main_loop_interrupt")),
     *((MPServer, name) for name in ("interrupt_signal", "workers_kill_timeout")),
-    *((WorkerProcess, name) for name in ("start", "is_alive")),
+    *((WorkerProcess, name) for name in ("start", "is_alive", "terminate")),
 )
 
 
 def check_internals(server: MPServer) -> None:
     """Raise RuntimeError naming each granian internal this module relies on that ``server`` lacks."""
     missing = [
-        f"{cls.__name__}.{name}" for cls, name in INTERNALS if not hasattr(server if cls is MPServer else cls, name)
+        f"{getattr(owner, '__name__', owner)}.{name}"
+        for owner, name in INTERNALS
+        if not hasattr(server if owner is MPServer else owner, name)
     ]
     if missing:
         import granian
@@ -68,10 +73,31 @@ def granian_app() -> App:
     settings = Settings.from_env()
     app = App(settings, _plugins.manager(), bytes_only=False)
     app.worker = _state.Worker.attach(_state.recycle_by_supervisor, settings.max_requests, settings.max_requests_jitter)
+    if app.worker is not None:
+        _stop_only_when_asked(app.worker)
     load_model(app)
     if app.worker is not None:
         app.worker.mark_ready()
     return app
+
+
+def _stop_only_when_asked(state: _state.Worker) -> None:
+    """Make the SIGTERM handler granian's worker is about to install ignore a SIGTERM that the serving process did
+    not send (one to the whole process group): the serving process got it too and drains, then stops the worker."""
+    install = granian_signals.set_main_signals
+
+    def set_main_signals(interrupt_handler: Any, reload_handler: Any = None) -> None:
+        def handler(signum: int, frame: Any) -> None:
+            if signum == signal.SIGTERM and not state.stop_requested():
+                logger.info(
+                    "Worker %d: SIGTERM from outside; it serves until the serving process stops it", os.getpid()
+                )
+                return
+            interrupt_handler(signum, frame)
+
+        install(handler, reload_handler)  # type: ignore[no-untyped-call]
+
+    granian_signals.set_main_signals = set_main_signals
 
 
 class _ThreadWarningFilter(logging.Filter):
@@ -89,24 +115,9 @@ def serving(supervisor: _state.Supervisor, pid: int, port: int) -> bool:
     """
     if not supervisor.ready(pid):
         return False
-    try:
-        fds = os.listdir(f"/proc/{pid}/fd")
-    except OSError:
+    if not os.path.isdir(f"/proc/{pid}/fd"):
         return True
-    sockets = set()
-    for fd in fds:
-        with contextlib.suppress(OSError):
-            target = os.readlink(f"/proc/{pid}/fd/{fd}")
-            if target.startswith("socket:["):
-                sockets.add(target[8:-1])
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        with contextlib.suppress(OSError):
-            for line in Path(table).read_text().splitlines()[1:]:
-                fields = line.split()
-                local, state, inode = fields[1], fields[3], fields[9]
-                if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port and inode in sockets:  # 0A: LISTEN
-                    return True
-    return False
+    return bool(_port.sockets_of(pid) & _port.listening_sockets(port))
 
 
 class Server(MPServer):
@@ -170,11 +181,22 @@ class Server(MPServer):
             self.main_loop_interrupt.set()
 
     def _respawn_workers(self, workers: Any, spawn_target: Any, target_loader: Any, delay: float = 0) -> None:
+        if self.drain.deadline is not None:
+            logger.info("Draining: worker(s) %s not replaced", ", ".join(str(idx + 1) for idx in workers))
+            return
         super()._respawn_workers(workers, spawn_target, target_loader, delay)
         self._replace_workers()  # requests from workers that were starting meanwhile
 
     def _spawn_worker(self, idx: int, target: Any, callback_loader: Any) -> Any:  # type: ignore[override]
         worker: Any = super()._spawn_worker(idx, target, callback_loader)
+        terminate = worker.terminate
+
+        def mark_and_terminate() -> None:  # the worker stops on this SIGTERM: it is ours
+            if worker.inner.pid:
+                self.drain.supervisor.mark_stop(worker.inner.pid)
+            terminate()
+
+        worker.terminate = mark_and_terminate
         if idx in self.replacing:  # the old worker stops only once the new one serves (each has its socket)
             self.replacing.discard(idx)
             start = worker.start

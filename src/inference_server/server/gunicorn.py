@@ -1,12 +1,14 @@
 """The gunicorn backend: its threaded worker, with the drain and worker recycling of :mod:`inference_server.server`.
 
 gunicorn's own arbiter is subclassed for the drain (``handle_term``, ``handle_int``, ``wait_for_signals``,
-``manage_workers``, ``halt``, ``kill_workers``, ``WORKERS``); ``post_worker_init`` loads the model while telling the
-arbiter the worker is alive. Tested with gunicorn 27.
+``manage_workers``, ``kill_worker``, ``stop``, ``kill_workers``, ``WORKERS``) and its threaded worker for SIGTERM
+(``handle_exit``); ``post_worker_init`` loads the model while telling the arbiter the worker is alive. Tested with
+gunicorn 27.
 """
 
 from __future__ import annotations
 
+import logging
 import signal
 import threading
 from typing import Any
@@ -14,9 +16,12 @@ from typing import Any
 from gunicorn.app.base import BaseApplication
 from gunicorn.arbiter import Arbiter
 from gunicorn.errors import HaltServer
+from gunicorn.workers.gthread import ThreadWorker
 
 from inference_server._app import App
 from inference_server.server import KEEPALIVE, _drain, _state, load_model, server_threads
+
+logger = logging.getLogger("inference_server")
 
 
 def _post_worker_init(worker: Any) -> None:
@@ -28,6 +33,21 @@ def _post_worker_init(worker: Any) -> None:
     while loader.is_alive() and worker.alive:
         worker.notify()
         loader.join(1.0)
+
+
+class Worker(ThreadWorker):  # type: ignore[misc]
+    """gunicorn's threaded worker that stops on SIGTERM only when the arbiter or the worker itself sent it.
+
+    A SIGTERM to the whole process group reaches the arbiter too, which drains; the worker goes on serving its
+    requests in flight (new ones get 503) until the arbiter stops it.
+    """
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        state = getattr(self.wsgi, "worker", None)
+        if state is not None and not state.stop_requested():
+            logger.info("Worker %d: SIGTERM from outside; it serves until the serving process stops it", self.pid)
+            return
+        super().handle_exit(sig, frame)
 
 
 class _Arbiter(Arbiter):  # type: ignore[misc]
@@ -49,16 +69,23 @@ class _Arbiter(Arbiter):  # type: ignore[misc]
         return super().wait_for_signals(_drain.POLL if self.drain.deadline is not None else timeout)  # type: ignore[no-any-return]
 
     def manage_workers(self) -> None:
-        if self.drain.deadline is not None and self.drain.finished(list(self.WORKERS)):
+        if self.drain.deadline is None:
+            super().manage_workers()
+            return
+        if self.drain.finished(list(self.WORKERS)):  # while draining, a worker that exits is not replaced
             if self.drain.timed_out:  # the grace period is spent: no second one for the busy workers
                 self.kill_workers(signal.SIGKILL)
                 raise HaltServer("requests were still in flight at the end of the grace period", 1)
             raise StopIteration
-        super().manage_workers()
 
-    def halt(self, reason: str | None = None, exit_status: int = 0) -> None:
+    def kill_worker(self, pid: int, sig: int) -> None:
+        if sig == signal.SIGTERM:
+            self.drain.supervisor.mark_stop(pid)
+        super().kill_worker(pid, sig)
+
+    def stop(self, graceful: bool = True) -> None:
+        super().stop(graceful)  # SIGTERMs the workers (kill_worker marks them), waits, SIGKILLs the rest
         self.drain.supervisor.close()
-        super().halt(reason, exit_status)
 
 
 class GunicornServer(BaseApplication):  # type: ignore[misc]
@@ -74,7 +101,7 @@ class GunicornServer(BaseApplication):  # type: ignore[misc]
         for key, value in {
             "bind": [f"{host}:{settings.port}"],
             "workers": settings.workers,
-            "worker_class": "gthread",
+            "worker_class": Worker,
             "threads": server_threads(settings),
             # the heartbeat: a worker whose main loop is frozen (a hook holding the GIL) is killed and replaced
             "timeout": settings.timeout + 30 if settings.timeout else 0,

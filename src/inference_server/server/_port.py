@@ -1,0 +1,74 @@
+"""Who listens on a TCP port: checked before a backend binds, since both bind with SO_REUSEPORT (granian) or
+would otherwise fail with a traceback, and read from ``/proc`` to name the process that holds it."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import socket
+from pathlib import Path
+
+from inference_server._settings import Settings
+
+_LISTEN = "0A"  # the TCP state LISTEN in /proc/net/tcp
+
+
+def listening_sockets(port: int) -> set[str]:
+    """The inodes of the sockets listening on ``port`` (any address), from ``/proc/net/tcp`` and ``tcp6``."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()
+                if fields[3] == _LISTEN and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                    inodes.add(fields[9])
+    return inodes
+
+
+def sockets_of(pid: int | str) -> set[str]:
+    """The inodes of the sockets process ``pid`` holds open (empty if it cannot be read)."""
+    inodes = set()
+    with contextlib.suppress(OSError):
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith("socket:["):
+                    inodes.add(target[8:-1])
+    return inodes
+
+
+def holders(port: int) -> list[int]:
+    """The processes holding a socket that listens on ``port``, as far as ``/proc`` shows them."""
+    listening = listening_sockets(port)
+    if not listening:
+        return []
+    pids = []
+    with contextlib.suppress(OSError):
+        for entry in os.listdir("/proc"):
+            if entry.isdigit() and sockets_of(entry) & listening:
+                pids.append(int(entry))
+    return sorted(pids)
+
+
+def in_use(settings: Settings) -> str | None:
+    """Why the server cannot listen on its address and port (one line), or None when it can.
+
+    A plain bind, without SO_REUSEPORT, fails when anyone listens there, so a second server never shares the port
+    with the first (granian's SO_REUSEPORT sockets would otherwise split the traffic between them).
+    """
+    family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the backends do: TIME_WAIT is no conflict
+        try:
+            probe.bind((settings.host, settings.port))
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                return f"cannot listen on {settings.host} port {settings.port}: {exc.strerror}"
+            pids = holders(settings.port)
+            by = f" (by pid {', '.join(map(str, pids))})" if pids else ""
+            return (
+                f"port {settings.port} on {settings.host} is already in use{by}; "
+                "choose another with --port or SAGEMAKER_BIND_TO_PORT"
+            )
+    return None
