@@ -28,12 +28,18 @@ from inference_server import _model
 READY_DEADLINE = 30.0
 
 
+#: The plugins in-process tests run with: the example's, whatever else is installed (hermetic: a plugin of the
+#: user's own in the same environment cannot change the tests' answers). Servers choose theirs explicitly too.
+PLUGINS = "shipping_forecast"
+
+
 @pytest.fixture(autouse=True)
 def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every test starts without SageMaker or inference-server variables."""
+    """Every test starts without SageMaker or inference-server variables, with the example plugin selected."""
     for name in list(os.environ):
         if name.startswith(("SAGEMAKER_", "INFERENCE_SERVER_", "AWS_ENDPOINT_URL")):
             monkeypatch.delenv(name)
+    monkeypatch.setenv("INFERENCE_SERVER_PLUGINS", PLUGINS)
     _model.forget_models()
 
 

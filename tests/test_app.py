@@ -91,6 +91,70 @@ def test_hook_error_is_500_without_traceback_and_server_keeps_serving(servers: A
     assert "RuntimeError: secret internals exploded" in server.output()
 
 
+def test_the_500_names_the_hook_and_points_to_the_log(servers: Any, plugin_site: Any) -> None:
+    """The 500's message says which hook raised what, and the request id to find it in the log; no data."""
+    plugin_site.add("fragile", FRAGILE)
+    server = servers.start()
+    reply = server.request("POST", "/invocations", b"boom", {"X-Request-Id": "req-7"})
+    assert reply.json()["message"] == "predict_fn raised RuntimeError; see the server log for request req-7"
+    assert "Request req-7 POST /invocations: predict_fn raised RuntimeError" in server.output()
+
+
+def test_debug_puts_the_exception_and_traceback_in_the_500(servers: Any, plugin_site: Any) -> None:
+    """With --debug the 500 carries the exception's message and its traceback (never on by default)."""
+    plugin_site.add("fragile", FRAGILE)
+    server = servers.start("--debug")
+    answer = server.request("POST", "/invocations", b"boom").json()
+    assert answer["message"].endswith("RuntimeError: secret internals exploded")
+    assert "in predict_fn" in answer["traceback"]
+
+
+def test_unknown_content_type_hint_in_the_500(servers: Any, plugin_site: Any) -> None:
+    """A typo in Content-Type sends the model bytes; when it then fails, the 500 says so and lists the types."""
+    plugin_site.add(
+        "locations",
+        """
+        import inference_server
+
+        @inference_server.plugin_hook
+        def predict_fn(data, model):
+            return data["location"]
+        """,
+    )
+    server = servers.start()
+    reply = server.request("POST", "/invocations", b'{"location": "Dogger"}', {"Content-Type": "application/jsn"})
+    message = reply.json()["message"]
+    assert message.startswith("predict_fn raised TypeError; see the server log for request ")
+    assert message.endswith(
+        "; the Content-Type application/jsn matched no codec, so the model received bytes; known types: "
+        "application/x-npy, application/x-npz, application/vnd.apache.arrow.stream, "
+        "application/vnd.apache.arrow.file, application/json, application/jsonlines, text/csv, text/plain, "
+        "application/octet-stream"
+    )
+    server.request("POST", "/invocations", b"one", {"Content-Type": ""})
+    server.request("POST", "/invocations", b"two", {"Content-Type": ""})
+    assert server.output().count("A request came without Content-Type, so the model receives its body as bytes") == 1
+
+
+def test_model_fn_returning_none_is_503_with_the_reason(servers: Any, plugin_site: Any) -> None:
+    """A model_fn that returns None is a failed load, not a silent echo model: /ping and invocations say 503."""
+    plugin_site.add(
+        "forgot_return",
+        """
+        import inference_server
+
+        @inference_server.plugin_hook
+        def model_fn(model_dir):
+            model = len
+        """,
+    )
+    server = servers.start()
+    assert server.request("GET", "/ping").status == 503
+    reply = server.request("POST", "/invocations", b"x")
+    assert reply.status == 503
+    assert "model_fn of 'forgot_return' returned None: return the model" in reply.json()["message"]
+
+
 def test_hook_raising_http_exception_keeps_its_status(servers: Any, plugin_site: Any) -> None:
     """A hook raising werkzeug's UnsupportedMediaType gives 415 with the hook's message."""
     plugin_site.add("fragile", FRAGILE)

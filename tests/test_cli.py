@@ -144,3 +144,62 @@ def test_invalid_hook_value_stops_start_up(servers: Any, plugin_site: Any) -> No
     server = servers.start(wait=False)
     assert server.process.wait(30) == 1
     assert "hook batch_strategy returned 'AllAtOnce' is not a batch strategy" in server.output()
+
+
+def test_misspelled_option_suggests_the_right_one_with_serve_usage() -> None:
+    """``serve --model_dir`` fails with serve's usage and 'did you mean --model-dir?'."""
+    result = _run("serve", "--model_dir", "/models", "--wrokers", "2")
+    assert result.returncode == 2
+    assert result.stderr.startswith("usage: inference-server serve ")
+    assert "--model_dir (did you mean --model-dir?)" in result.stderr
+    assert "--wrokers (did you mean --workers?)" in result.stderr
+
+
+def test_help_lists_the_variables_the_hooks_and_loader_read() -> None:
+    """``serve --help`` also names the variables that are not options: plugins, payload limit, batch settings."""
+    result = _run("serve", "--help")
+    for name in (
+        "INFERENCE_SERVER_PLUGINS",
+        "SAGEMAKER_MAX_PAYLOAD_IN_MB",
+        "SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT",
+        "SAGEMAKER_BATCH_STRATEGY",
+        "SAGEMAKER_MAX_CONCURRENT_TRANSFORMS",
+        "INFERENCE_SERVER_DEBUG",
+    ):
+        assert name in result.stdout
+
+
+def test_version_lists_the_installed_plugins() -> None:
+    """``--version`` names this version and each installed plugin with its version."""
+    result = _run("--version")
+    assert result.stdout.startswith("inference-server ")
+    assert "shipping_forecast 1.0.0" in result.stdout
+
+
+def test_plugins_command_prints_the_summary_and_warnings(plugin_site: Any) -> None:
+    """``inference-server plugins`` prints who provides each hook and the warnings; --strict fails on them."""
+    plugin_site.add("forgetful", "def predict_fn(data, model):\n    return data\n")
+    env = {"PYTHONPATH": str(plugin_site.path), "INFERENCE_SERVER_PLUGINS": "forgetful"}
+    result = _run("plugins", env=env)
+    assert result.returncode == 0
+    assert "plugin forgetful (forgetful 1.0, module forgetful)" in result.stdout
+    assert "hook predict_fn: built-in" in result.stdout
+    assert "warning: serving the built-in echo model: no installed plugin implements model_fn" in result.stdout
+    assert (
+        "warning: plugin 'forgetful' implements no hook; predict_fn looks like a hook but lacks the "
+        "@inference_server.plugin_hook decorator"
+    ) in result.stdout
+    assert _run("plugins", "--strict", env=env).returncode == 1
+    assert _run("plugins", "--strict", env={"INFERENCE_SERVER_PLUGINS": "shipping_forecast"}).returncode == 0
+
+
+def test_start_up_logs_the_summary_and_warns_about_the_echo_model(servers: Any) -> None:
+    """``serve`` logs the plugins, the hooks' providers and the limits, and warns once about the echo model."""
+    server = servers.start(plugins=[], env={"INFERENCE_SERVER_MODEL_DIR": "/nonexistent"})
+    server.stop()
+    output = server.output()
+    assert "plugins: none (the built-in hooks only)" in output
+    assert "hook model_fn: built-in" in output
+    assert "limits: bodies up to 6 MB, timeout 60 s, read timeout 30 s" in output
+    assert "[WARNING] inference_server: serving the built-in echo model" in output
+    assert output.count("Model directory /nonexistent does not exist") == 1

@@ -81,10 +81,29 @@ def test_arrow_in_arrow_out(echo: Any) -> None:
 
 
 def test_csv_in(echo: Any) -> None:
-    """A numeric CSV body reaches the model as a 2-D float array (here sent back as npy)."""
-    reply = echo.request("POST", "/invocations", b"1,2\n3,4.5\n", {"Content-Type": "text/csv; charset=utf-8"})
+    """A numeric CSV body reaches the model as a 2-D float array (here sent back as npy, as asked)."""
+    headers = {"Content-Type": "text/csv; charset=utf-8", "Accept": NPY}
+    reply = echo.request("POST", "/invocations", b"1,2\n3,4.5\n", headers)
     assert reply.headers["Content-Type"] == NPY
     assert np.load(io.BytesIO(reply.body)).tolist() == [[1.0, 2.0], [3.0, 4.5]]
+
+
+def test_a_header_row_is_skipped_above_numbers(echo: Any) -> None:
+    """A CSV header row (as pandas writes) above rows of numbers is skipped: the model gets the numbers."""
+    headers = {"Content-Type": "text/csv", "Accept": NPY}
+    reply = echo.request("POST", "/invocations", b"sepal,petal\n1,2\n3,4.5\n", headers)
+    assert np.load(io.BytesIO(reply.body)).tolist() == [[1.0, 2.0], [3.0, 4.5]]
+
+
+@pytest.mark.parametrize(
+    ("body", "content_type"),
+    [(b'{"a": [1, 2]}', JSON), (b"1,2\n3,4\n", "text/csv"), (b'{"a": 1}\n{"a": 2}\n', "application/jsonlines")],
+)
+def test_without_accept_the_answer_mirrors_the_request(echo: Any, body: bytes, content_type: str) -> None:
+    """No Accept (curl's default): JSON in, JSON out; CSV in, CSV out; JSON Lines in, JSON Lines out."""
+    reply = echo.request("POST", "/invocations", body, {"Content-Type": content_type})
+    assert (reply.status, reply.headers["Content-Type"]) == (200, content_type)
+    assert np.array_equal(codecs.loads(reply.body, content_type), codecs.loads(body, content_type))
 
 
 @pytest.mark.parametrize(
@@ -112,11 +131,25 @@ def test_nothing_acceptable_is_406(echo: Any) -> None:
     assert "it can be sent as: application/x-npy, application/x-npz" in reply.json()["message"]
 
 
-def test_default_accept_variable(servers: Any) -> None:
-    """SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT picks the format when the client accepts anything."""
-    server = servers.start(plugins=[], env={"SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT": JSON})
-    reply = server.request("POST", "/invocations", codecs.dumps(np.arange(3), NPY), {"Content-Type": NPY})
+def test_default_accept_variable(servers: Any, plugin_site: Any) -> None:
+    """SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT picks the format when the client accepts anything and the request's
+    own type cannot carry the prediction (here text in, an array out)."""
+    plugin_site.add(
+        "counter",
+        """
+        import numpy as np
+        import inference_server
+
+        @inference_server.plugin_hook
+        def predict_fn(data, model):
+            return np.arange(len(data))
+        """,
+    )
+    server = servers.start(env={"SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT": JSON})
+    reply = server.request("POST", "/invocations", b"abc", {"Content-Type": "text/plain"})
     assert (reply.headers["Content-Type"], reply.json()) == (JSON, [0, 1, 2])
+    plain = servers.start()
+    assert plain.request("POST", "/invocations", b"abc", {"Content-Type": "text/plain"}).headers["Content-Type"] == NPY
 
 
 def test_unknown_content_type_passes_through_as_bytes(echo: Any) -> None:
@@ -196,3 +229,111 @@ def test_chunked_body_over_limit_is_413(echo: Any) -> None:
                 received += data
     assert received.startswith(b"HTTP/1.1 413"), received[:200]
     assert b"chunked body passed the limit" in received
+
+
+SKLEARN = """
+    import numpy as np
+    import inference_server
+    from sklearn.linear_model import LogisticRegression
+
+    @inference_server.plugin_hook
+    def model_fn(model_dir):
+        features = np.array([[0.0, 0.0], [0.0, 1.0], [5.0, 5.0], [5.0, 6.0]])
+        labels = np.array(["calm", "calm", "gale", "gale"], dtype=object)  # as pandas gives them
+        return LogisticRegression().fit(features, labels)
+"""
+
+
+@pytest.fixture
+def sklearn_server(servers: Any, plugin_site: Any) -> Any:
+    """A server whose model is a real scikit-learn classifier with string labels, run by the default predict_fn."""
+    plugin_site.add("classifier", SKLEARN)
+    return servers.start()
+
+
+def test_estimator_without_call_is_run_with_predict(sklearn_server: Any) -> None:
+    """A scikit-learn estimator is not callable: the default predict_fn calls its predict, labels come back."""
+    reply = sklearn_server.request("POST", "/invocations", b"[[0, 0.5], [5, 5.5]]", {"Content-Type": JSON})
+    assert (reply.status, reply.headers["Content-Type"], reply.json()) == (200, JSON, ["calm", "gale"])
+
+
+@pytest.mark.parametrize(
+    ("accept", "body"),
+    [("text/csv", b"calm\ngale\n"), ("application/jsonlines", b'"calm"\n"gale"\n'), (JSON, b'["calm","gale"]')],
+)
+def test_string_labels_go_out_as_text_formats(sklearn_server: Any, accept: str, body: bytes) -> None:
+    """An object array of strings (scikit-learn's labels) is sent as CSV, JSON Lines or JSON; nothing is pickled."""
+    reply = sklearn_server.request(
+        "POST",
+        "/invocations",
+        codecs.dumps(np.array([[0, 0.5], [5, 5.5]]), NPY),
+        {"Content-Type": NPY, "Accept": accept},
+    )
+    assert (reply.status, reply.headers["Content-Type"], reply.body) == (200, accept, body)
+
+
+def test_string_labels_as_npy_are_a_406_listing_the_text_formats(sklearn_server: Any) -> None:
+    """Asking for npy of string labels is a real mismatch with Accept: 406 with what could be sent."""
+    reply = sklearn_server.request(
+        "POST", "/invocations", codecs.dumps(np.zeros((1, 2)), NPY), {"Content-Type": NPY, "Accept": NPY}
+    )
+    assert reply.status == 406
+    assert "it can be sent as: application/json, application/jsonlines, text/csv" in reply.json()["message"]
+
+
+def test_csv_with_a_header_reaches_the_estimator(sklearn_server: Any) -> None:
+    """A CSV body with a header row, as pandas writes it, is predicted on; the answer mirrors CSV."""
+    reply = sklearn_server.request("POST", "/invocations", b"wind,waves\n0,0.5\n5,5.5\n", {"Content-Type": "text/csv"})
+    assert (reply.status, reply.body) == (200, b"calm\ngale\n")
+
+
+def test_a_prediction_no_codec_can_encode_is_a_500_naming_its_type(servers: Any, plugin_site: Any) -> None:
+    """A model answering something no codec encodes is the server side's fault: 500 naming the type, not 406."""
+    plugin_site.add(
+        "odd",
+        """
+        import numpy as np
+        import inference_server
+
+        @inference_server.plugin_hook
+        def predict_fn(data, model):
+            return np.array([{"a": 1}, object()], dtype=object)
+        """,
+    )
+    reply = servers.start().request("POST", "/invocations", b"x")
+    assert reply.status == 500
+    assert reply.json()["message"].startswith(
+        "no codec can encode the prediction, a ndarray of dtype object holding dict, object; "
+    )
+
+
+def test_a_model_neither_callable_nor_with_predict_says_how_to_fix_it(servers: Any, plugin_site: Any) -> None:
+    """The default predict_fn's error names the model's type and says to implement predict_fn."""
+    plugin_site.add(
+        "inert",
+        """
+        import inference_server
+
+        @inference_server.plugin_hook
+        def model_fn(model_dir):
+            return {"weights": [1, 2]}
+        """,
+    )
+    message = servers.start().request("POST", "/invocations", b"x").json()["message"]
+    assert message.startswith("the model, a dict, is not callable and has no predict method: implement the predict_fn")
+
+
+@pytest.mark.parametrize(
+    ("flavour", "status", "body"),
+    [("null", 200, b"[1.0,null,null]"), ("literal", 200, b"[1.0,NaN,-Infinity]"), ("error", 500, None)],
+)
+def test_nan_in_json_follows_the_configured_flavour(servers: Any, flavour: str, status: int, body: bytes) -> None:
+    """NaN and infinity in a JSON answer: null by default, NaN/Infinity tokens, or a 500 saying why."""
+    server = servers.start(plugins=[], env={"INFERENCE_SERVER_JSON_NAN": flavour})
+    array = codecs.dumps(np.array([1.0, np.nan, -np.inf]), NPY)
+    reply = server.request("POST", "/invocations", array, {"Content-Type": NPY, "Accept": JSON})
+    assert reply.status == status
+    if body is None:
+        assert "holds NaN or infinity, which strict JSON cannot represent" in reply.json()["message"]
+    else:
+        assert reply.body == body

@@ -7,10 +7,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+import werkzeug.exceptions
 
 from inference_server import _pipeline, _plugins, codecs, plugin_hook
 from inference_server._settings import Settings
-from inference_server.errors import DecodeError
+from inference_server.errors import DecodeError, HookError
 
 NPY = "application/x-npy"
 NPZ = "application/x-npz"
@@ -56,7 +57,7 @@ def test_invoke_passes_output_fn_headers_and_str_bodies() -> None:
     assert output == ([b"h\xc3\xa9llo"], "text/plain", [("X-Amzn-SageMaker-Custom-Attributes", "a=1")])
 
 
-def test_output_fn_returning_something_else_is_a_type_error() -> None:
+def test_output_fn_returning_something_else_is_a_hook_error() -> None:
     """An ``output_fn`` that returns neither a pair nor a triple is the plugin's bug, named as such."""
 
     class Bad:
@@ -65,8 +66,48 @@ def test_output_fn_returning_something_else_is_a_type_error() -> None:
             return b"body only"
 
     pipeline = _pipeline_with(Bad())
-    with pytest.raises(TypeError, match="output_fn must return"):
+    with pytest.raises(HookError, match=r"output_fn returned a bytes, not \(body, content_type\)") as caught:
         pipeline.invoke(b"x", "application/octet-stream", "*/*", pipeline.model())
+    assert isinstance(caught.value.error, TypeError)
+
+
+def test_a_hook_raising_is_named_and_http_errors_pass_through() -> None:
+    """Whatever a hook raises comes out as HookError naming that hook; an HTTP exception keeps its status."""
+
+    class Failing:
+        @plugin_hook
+        def predict_fn(self, data: Any, model: Any) -> Any:
+            if bytes(data) == b"teapot":
+                raise werkzeug.exceptions.ImATeapot("short and stout")
+            raise ValueError("secret patient data")
+
+    pipeline = _pipeline_with(Failing())
+    with pytest.raises(HookError) as caught:
+        pipeline.invoke(b"x", "application/octet-stream", "*/*", pipeline.model())
+    assert (caught.value.hook, caught.value.summary, caught.value.hint) == (
+        "predict_fn",
+        "predict_fn raised ValueError",
+        "",
+    )
+    assert "secret" not in str(caught.value)
+    with pytest.raises(werkzeug.exceptions.ImATeapot):
+        pipeline.invoke(b"teapot", "application/octet-stream", "*/*", pipeline.model())
+
+
+def test_bytes_for_want_of_a_codec_are_the_hint() -> None:
+    """A body whose Content-Type no codec knows reaches the model as bytes; if the model fails, the hint says so."""
+
+    class Strict:
+        @plugin_hook
+        def predict_fn(self, data: Any, model: Any) -> Any:
+            return data["location"]
+
+    pipeline = _pipeline_with(Strict())
+    with pytest.raises(HookError) as caught:
+        pipeline.invoke(b'{"location": "Fair Isle"}', "application/jsn", "*/*", pipeline.model())
+    assert caught.value.hint.startswith(
+        "the Content-Type application/jsn matched no codec, so the model received bytes; known types: application/x-npy"
+    )
 
 
 def test_accept_reaches_output_fn_parsed_once() -> None:
@@ -95,12 +136,26 @@ def test_codec_limits_are_per_pipeline(npz_bomb: Callable[..., bytes]) -> None:
             pipeline.invoke(body, NPZ, "*/*", pipeline.model())
 
 
+class _Counter:
+    """A model answering an array whatever it is sent."""
+
+    @plugin_hook
+    def predict_fn(self, data: Any, model: Any) -> Any:
+        return np.arange(len(data))
+
+
 def test_default_accept_is_per_pipeline() -> None:
-    """Each pipeline's ``default_accept`` picks its response type under ``*/*``; outside, the environment's does."""
-    body = codecs.dumps(np.arange(3), NPY)
-    as_json, as_npy = _pipeline_with(default_accept=JSON), _pipeline_with()
-    assert as_json.invoke(body, NPY, "*/*", as_json.model()).media_type == JSON
-    assert as_npy.invoke(body, NPY, "*/*", as_npy.model()).media_type == NPY
+    """Each pipeline's ``default_accept`` picks its response type under ``*/*`` (when the request's type cannot)."""
+    as_json, as_npy = _pipeline_with(_Counter(), default_accept=JSON), _pipeline_with(_Counter())
+    assert as_json.invoke(b"abc", "text/plain", "*/*", as_json.model()).media_type == JSON
+    assert as_npy.invoke(b"abc", "text/plain", "*/*", as_npy.model()).media_type == NPY
+
+
+def test_the_request_type_wins_over_the_default_accept() -> None:
+    """Under ``*/*`` a JSON request is answered in JSON even when the default type is npy; an explicit Accept wins."""
+    pipeline = _pipeline_with(_Counter(), default_accept=NPY)
+    assert pipeline.invoke(b"[1, 2]", JSON, "*/*", pipeline.model()).media_type == JSON
+    assert pipeline.invoke(b"[1, 2]", JSON, NPY, pipeline.model()).media_type == NPY
 
 
 def test_healthy_follows_ping_fn_and_the_model() -> None:

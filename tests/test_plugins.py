@@ -109,3 +109,76 @@ def test_first_result_caller_leaves_wrappers_to_pluggy() -> None:
     pm = _plugins.build_manager([], [Second(), Wrapper()])
     assert _plugins.first_result_caller(pm, "predict_fn")(data="w", model=None) == "SECOND"
     assert seen == ["w"]
+
+
+def test_describe_names_each_plugin_and_who_provides_each_hook() -> None:
+    """The summary lists the plugins and, for each hook, its providers in the order they run."""
+    pm = _plugins.build_manager(["shipping_forecast"])
+    lines = _plugins.describe(pm)
+    assert lines[0] == "plugin shipping_forecast (shipping-forecast 1.0.0, module shipping_forecast)"
+    assert "hook predict_fn: shipping_forecast, then built-in" in lines
+    assert "hook ping_fn: built-in" in lines
+    assert _plugins.describe(_plugins.build_manager([]))[0] == "plugins: none (the built-in hooks only)"
+
+
+def test_no_model_fn_is_a_warning_about_the_echo_model() -> None:
+    """Without a plugin implementing model_fn, the warning says the echo model is served."""
+    assert _plugins.problems(_plugins.build_manager([])) == [
+        "serving the built-in echo model: no installed plugin implements model_fn"
+    ]
+    assert _plugins.problems(_plugins.build_manager(["shipping_forecast"])) == []
+
+
+def test_a_plugin_without_hooks_names_its_unmarked_functions() -> None:
+    """A plugin whose hooks lack the decorator implements nothing; the warning names the look-alikes."""
+
+    class Forgetful:
+        def model_fn(self, model_dir: str) -> Any:
+            return len
+
+        def predict_fn(self, data: Any, model: Any) -> Any:
+            return model(data)
+
+    pm = _plugins.build_manager([], [Forgetful()])
+    [name] = [name for name, plugin in pm.list_name_plugin() if isinstance(plugin, Forgetful)]
+    assert f"plugin {name!r} implements no hook; model_fn, predict_fn look like hooks but lack the " in "\n".join(
+        _plugins.problems(pm)
+    )
+
+
+def test_two_plugins_with_one_request_hook_name_winner_and_loser() -> None:
+    """Two plugins implementing predict_fn: the warning says which runs first and which after."""
+    pm = _plugins.build_manager([], [First(), Second()])
+    names = {type(plugin).__name__: name for name, plugin in pm.list_name_plugin()}
+    [warning] = [problem for problem in _plugins.problems(pm) if problem.startswith("predict_fn")]
+    assert warning == (
+        f"predict_fn is implemented by 2 plugins: {names['Second']!r} runs first and wins whenever it returns "
+        f"something other than None; then {names['First']!r}"
+    )
+
+
+def test_model_fn_returning_none_is_an_error_not_the_echo_model() -> None:
+    """A plugin's model_fn returning None does not fall through to the built-in echo model."""
+
+    class Lazy:
+        @plugin_hook
+        def model_fn(self, model_dir: str) -> Any:
+            return None
+
+    class Picky:
+        @plugin_hook
+        def model_fn(self, model_dir: str) -> Any:
+            return None if model_dir == "/theirs" else "mine"
+
+    with pytest.raises(TypeError, match=r"model_fn of '.*' returned None: return the model"):
+        _plugins.call_model_fn(_plugins.build_manager([], [Lazy()]), "/m")
+    assert _plugins.call_model_fn(_plugins.build_manager([], [Lazy(), Picky()]), "/m") == "mine"
+    assert _plugins.call_model_fn(_plugins.build_manager([]), "/m")(3) == 3  # no plugin: the echo model
+
+
+def test_the_process_manager_follows_the_selected_plugins(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``manager()`` gives the plugins INFERENCE_SERVER_PLUGINS selects now, not those of its first call."""
+    monkeypatch.setenv("INFERENCE_SERVER_PLUGINS", "")
+    assert _plugins.describe(_plugins.manager())[0] == "plugins: none (the built-in hooks only)"
+    monkeypatch.setenv("INFERENCE_SERVER_PLUGINS", "shipping_forecast")
+    assert _plugins.describe(_plugins.manager())[0].startswith("plugin shipping_forecast")

@@ -62,3 +62,11 @@ def test_local_endpoint_example_runs(servers: Any, monkeypatch: pytest.MonkeyPat
     example = next(block for block in _blocks("python") if "invoke_endpoint" in block)
     exec(compile(example, "README.md", "exec"), {})
     assert "Southwesterly gale force 8" in capsys.readouterr().out
+
+
+def test_plugin_test_snippet_runs_as_written() -> None:
+    """The 'Testing a plugin' snippet imports what it uses and passes against the example plugin."""
+    example = next(block for block in _blocks("python") if "def test_prediction_is_ok" in block)
+    namespace: dict[str, Any] = {}
+    exec(compile(example, "README.md", "exec"), namespace)
+    namespace["test_prediction_is_ok"]()

@@ -40,7 +40,9 @@ def test_predict_without_serializers_passes_bytes() -> None:
 
 def test_predict_raises_with_status_and_message() -> None:
     """A failing request raises AssertionError carrying the status and the server's message."""
-    with pytest.raises(AssertionError, match=r"answered 500 Internal Server Error: The server encountered an internal"):
+    with pytest.raises(
+        AssertionError, match=r"answered 500 Internal Server Error: input_fn raised JSONDecodeError; see"
+    ):
         testing.predict(b"not json")
 
 
@@ -78,3 +80,23 @@ def test_importable_without_pytest() -> None:
         check=False,
     )
     assert result.stdout.strip() == "b'x'", result.stderr
+
+
+def test_an_installed_plugin_of_the_users_cannot_hijack_the_tests(
+    plugin_site: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With another plugin installed (on sys.path), the tests' selection keeps it out; unselected, it would win."""
+    plugin_site.add(
+        "hijacker",
+        """
+        import inference_server
+
+        @inference_server.plugin_hook(tryfirst=True)
+        def input_fn(input_data, content_type):
+            raise RuntimeError("not yours")
+        """,
+    )
+    monkeypatch.syspath_prepend(str(plugin_site.path))
+    assert testing.post_invocations(json={"location": "Fisher"}).status_code == 200
+    monkeypatch.setenv("INFERENCE_SERVER_PLUGINS", "shipping_forecast,hijacker")  # as if nothing were selected
+    assert testing.post_invocations(json={"location": "Fisher"}).status_code == 500

@@ -13,6 +13,7 @@ import random
 import re
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -26,6 +27,7 @@ from inference_server._settings import Settings
 from inference_server.errors import (
     BadRequest,
     GatewayTimeout,
+    HookError,
     PayloadTooLarge,
     RequestTimeout,
     ServiceUnavailable,
@@ -46,6 +48,8 @@ _STATUS_LINES = {status.value: f"{status.value} {status.phrase}" for status in h
 _REQUEST_ID = re.compile(r"[\x21-\x7e]{1,200}")
 _READ_BLOCK = 1 << 20
 _MB = 1 << 20
+#: How the operator raises the body limit, said in every 413.
+_RAISE = "; the server's operator can raise it with SAGEMAKER_MAX_PAYLOAD_IN_MB or the max_payload_in_mb hook"
 _EMPTY = (("Content-Type", "text/plain"), ("Content-Length", "0"))
 CUSTOM_ATTRIBUTES = "X-Amzn-SageMaker-Custom-Attributes"
 #: Seconds ``ping_fn`` (and the model check) may take before /ping answers 503; SageMaker waits 2 s in all.
@@ -91,6 +95,7 @@ class App:
         self._model_slots = threading.BoundedSemaphore(settings.threads)
         self._helpers = _deadlines.Pool("request")
         self._pings = _deadlines.Pool("ping")
+        self._told_no_content_type = False
 
     def model(self) -> Any:
         """The loaded model (loading it now if needed)."""
@@ -105,7 +110,7 @@ class App:
         try:
             status, headers, body = self._dispatch(environ, method, request_id)
         except Exception as exc:
-            status, headers, body = _error_for(exc, request_id, environ)
+            status, headers, body = _error_for(exc, request_id, environ, self.settings.debug)
         headers.append(("X-Request-Id", request_id))
         custom_attributes = environ.get("HTTP_X_AMZN_SAGEMAKER_CUSTOM_ATTRIBUTES")
         if custom_attributes is not None and not any(k.lower() == CUSTOM_ATTRIBUTES.lower() for k, _ in headers):
@@ -159,7 +164,7 @@ class App:
         try:
             status, headers, body = self._invocations(environ, request_id)
         except Exception as exc:
-            status, headers, body = _error_for(exc, request_id, environ)
+            status, headers, body = _error_for(exc, request_id, environ, self.settings.debug)
         if status < 400:
             headers.append(("X-Amzn-Invoked-Production-Variant", "AllTraffic"))
             return status, headers, body
@@ -226,7 +231,17 @@ class App:
     def _invoke(self, environ: WSGIEnvironment, call: _deadlines.Call | None) -> Reply:
         body = read_body(environ, self.pipeline.max_body)
         model = self.model()
-        content_type = environ.get("CONTENT_TYPE") or "application/octet-stream"
+        content_type = environ.get("CONTENT_TYPE")
+        if not content_type:
+            content_type = "application/octet-stream"
+            if not self._told_no_content_type:  # once per worker: a hint, not a complaint per request
+                self._told_no_content_type = True
+                logger.info(
+                    "A request came without Content-Type, so the model receives its body as bytes (as %s); "
+                    "known types: %s",
+                    content_type,
+                    ", ".join(codecs.media_types()),
+                )
         accept = environ.get("HTTP_ACCEPT") or "*/*"
         if call is None:
             with self._model_slots:
@@ -252,14 +267,27 @@ def _json_reply(status: int, value: Any, headers: Headers | None = None) -> Repl
     return status, [("Content-Type", "application/json"), ("Content-Length", str(len(body))), *(headers or [])], [body]
 
 
-def _error_for(exc: Exception, request_id: str, environ: WSGIEnvironment) -> Reply:
-    """The reply for an exception: HTTP exceptions keep their status; anything else is a logged 500."""
-    if not isinstance(exc, werkzeug.exceptions.HTTPException):
-        logger.exception(
-            "Request %s %s %s failed", request_id, environ["REQUEST_METHOD"], environ.get("PATH_INFO"), exc_info=exc
-        )
-        exc = werkzeug.exceptions.InternalServerError()
-    return _error_reply(exc, request_id)
+def _error_for(exc: Exception, request_id: str, environ: WSGIEnvironment, debug: bool = False) -> Reply:
+    """The reply for an exception: HTTP exceptions keep their status; anything else is a 500, logged in full.
+
+    The 500's message names the failing hook and its exception's class, never the exception's message or traceback
+    (they may hold request data) unless ``debug``.
+    """
+    if isinstance(exc, werkzeug.exceptions.HTTPException):
+        return _error_reply(exc, request_id)
+    where = f"{environ['REQUEST_METHOD']} {environ.get('PATH_INFO')}"
+    if isinstance(exc, HookError):
+        hint = f"; {exc.hint}" if exc.hint else ""
+        logger.error("Request %s %s: %s%s", request_id, where, exc.summary, hint, exc_info=exc.error)
+        message, cause = f"{exc.summary}; see the server log for request {request_id}{hint}", exc.error
+    else:
+        logger.error("Request %s %s failed", request_id, where, exc_info=exc)
+        message, cause = f"the server failed ({type(exc).__name__}); see the server log for request {request_id}", exc
+    answer: dict[str, Any] = {"message": message, "request_id": request_id, "status": 500}
+    if debug:
+        answer["message"] = f"{message}: {type(cause).__name__}: {cause}"
+        answer["traceback"] = "".join(traceback.format_exception(cause))
+    return _json_reply(500, answer)
 
 
 def _error_reply(exc: werkzeug.exceptions.HTTPException, request_id: str) -> Reply:
@@ -285,7 +313,7 @@ def read_body(environ: WSGIEnvironment, limit: int | None) -> bytearray:
         except ValueError:
             raise BadRequest(f"Content-Length {length_header!r} is not a byte count") from None
         if limit is not None and length > limit:
-            raise PayloadTooLarge(f"the body is {length} bytes; the limit (MaxPayloadInMB) is {limit} bytes")
+            raise PayloadTooLarge(f"the body is {length} bytes; the limit (MaxPayloadInMB) is {limit} bytes{_RAISE}")
         buffer = bytearray(length)
         view = memoryview(buffer)
         readinto = getattr(stream, "readinto", None)
@@ -309,7 +337,7 @@ def read_body(environ: WSGIEnvironment, limit: int | None) -> bytearray:
     while chunk := stream.read(_READ_BLOCK):
         buffer += chunk
         if limit is not None and len(buffer) > limit:
-            raise PayloadTooLarge(f"the chunked body passed the limit (MaxPayloadInMB) of {limit} bytes")
+            raise PayloadTooLarge(f"the chunked body passed the limit (MaxPayloadInMB) of {limit} bytes{_RAISE}")
     return buffer
 
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import pluggy
 
+from inference_server import _plugins
 from inference_server.errors import ModelLoadError
 
 logger = logging.getLogger("inference_server")
@@ -48,12 +49,22 @@ def get_model(pm: pluggy.PluginManager, model_dir: str) -> Any:
     return slot.model
 
 
-def _load(pm: pluggy.PluginManager, model_dir: str, slot: _Slot) -> None:
+#: Whether loading a model warns about a missing directory (``serve`` warns once itself, not in every worker).
+warn_missing_dir = True
+
+
+def check_model_dir(model_dir: str) -> None:
+    """Warn when ``model_dir`` does not exist: often a mistake, though model_fn may not need it."""
     if not os.path.isdir(model_dir):
         logger.warning("Model directory %s does not exist; model_fn decides whether that matters", model_dir)
+
+
+def _load(pm: pluggy.PluginManager, model_dir: str, slot: _Slot) -> None:
+    if warn_missing_dir:
+        check_model_dir(model_dir)
     logger.info("Loading the model from %s", model_dir)
     try:
-        slot.model = pm.hook.model_fn(model_dir=model_dir)
+        slot.model = _plugins.call_model_fn(pm, model_dir)
     except Exception as exc:
         slot.error = exc
         logger.exception("model_fn failed; /ping answers 503 and /invocations 503 until restart")

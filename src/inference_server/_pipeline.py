@@ -12,12 +12,13 @@ import logging
 from typing import Any, NamedTuple
 
 import pluggy
+import werkzeug.exceptions
 import werkzeug.http
 from werkzeug.datastructures import MIMEAccept
 
 from inference_server import _model, _plugins, codecs, default_plugin
 from inference_server._settings import BatchStrategy, Settings
-from inference_server.errors import ConfigurationError, ModelLoadError
+from inference_server.errors import ConfigurationError, HookError, ModelLoadError
 
 logger = logging.getLogger("inference_server")
 
@@ -72,7 +73,9 @@ class Pipeline:
         mb = self.execution_parameters["MaxPayloadInMB"]
         #: The largest body accepted, in bytes (``None``: no limit, as for Batch Transform's chunked mode).
         self.max_body: int | None = mb * _MB if mb else None
-        self._defaults = default_plugin.Defaults(codecs.Limits.for_payload(mb), settings.default_accept)
+        self._defaults = default_plugin.Defaults(
+            codecs.Limits.for_payload(mb), settings.default_accept, settings.json_nan
+        )
         self._input_fn = _plugins.first_result_caller(pm, "input_fn")
         self._predict_fn = _plugins.first_result_caller(pm, "predict_fn")
         self._output_fn = _plugins.first_result_caller(pm, "output_fn")
@@ -95,15 +98,27 @@ class Pipeline:
         return healthy
 
     def invoke(self, body: codecs.Buffer, content_type: str, accept: str, model: Any) -> Output:
-        """Run ``input_fn``, ``predict_fn`` and ``output_fn`` on one body; exceptions are the hooks' own."""
-        token = default_plugin.current.set(self._defaults)
+        """Run ``input_fn``, ``predict_fn`` and ``output_fn`` on one body.
+
+        An HTTP exception raised by a hook keeps its status; anything else a hook raises becomes a
+        :class:`HookError` naming the hook (a 500).
+        """
+        token = default_plugin.current.set((self._defaults, content_type))
+        hook, data = "input_fn", None
         try:
             data = self._input_fn(input_data=body, content_type=content_type)
+            hook = "predict_fn"
             prediction = self._predict_fn(data=data, model=model)
-            result = self._output_fn(prediction=prediction, accept=parse_accept(accept))
+            hook = "output_fn"
+            return _output(self._output_fn(prediction=prediction, accept=parse_accept(accept)))
+        except werkzeug.exceptions.HTTPException:
+            raise
+        except HookError:
+            raise
+        except Exception as exc:
+            raise HookError(hook, exc, hint=_bytes_hint(body, data, content_type)) from exc
         finally:
             default_plugin.current.reset(token)
-        return _output(result)
 
 
 @functools.lru_cache(maxsize=256)
@@ -112,10 +127,25 @@ def parse_accept(header: str) -> MIMEAccept:
     return werkzeug.http.parse_accept_header(header or "*/*", MIMEAccept)
 
 
+def _bytes_hint(body: codecs.Buffer, data: Any, content_type: str) -> str:
+    """Why a hook after ``input_fn`` may have failed: the body reached it as bytes, for want of a codec."""
+    if data is not body or codecs.lookup(content_type) is not None:
+        return ""
+    return (
+        f"the Content-Type {codecs.bare(content_type) or '(none)'} matched no codec, so the model received bytes; "
+        f"known types: {', '.join(codecs.media_types())}"
+    )
+
+
 def _output(result: Any) -> Output:
     """Check ``output_fn``'s ``(body, content_type[, headers])`` and turn it into an :class:`Output`."""
     if not isinstance(result, tuple) or len(result) not in (2, 3):
-        raise TypeError(f"output_fn must return (body, content_type) or (body, content_type, headers), not {result!r}")
+        shape = f"a tuple of {len(result)}" if isinstance(result, tuple) else f"a {type(result).__name__}"
+        raise HookError(
+            "output_fn",
+            TypeError(f"output_fn must return (body, content_type) or (body, content_type, headers), not {result!r}"),
+            summary=f"output_fn returned {shape}, not (body, content_type) or (body, content_type, headers)",
+        )
     headers = [(str(name), str(value)) for name, value in result[2].items()] if len(result) == 3 else []
     return Output(_as_buffers(result[0]), str(result[1]), headers)
 
@@ -127,4 +157,8 @@ def _as_buffers(content: Any) -> list[codecs.Buffer]:
         return [content.encode()]
     if isinstance(content, (list, tuple)):
         return [buffer for item in content for buffer in _as_buffers(item)]
-    raise TypeError(f"output_fn returned a body of type {type(content).__name__}; expected bytes-like or str")
+    raise HookError(
+        "output_fn",
+        TypeError(f"output_fn returned a body of type {type(content).__name__}; expected bytes-like or str"),
+        summary=f"output_fn returned a body of type {type(content).__name__}, not bytes-like or str",
+    )

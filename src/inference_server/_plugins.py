@@ -6,6 +6,7 @@ For every hook the first implementation returning something other than ``None`` 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.metadata
 import logging
@@ -28,11 +29,35 @@ _lock = threading.Lock()
 PLUGINS_ENV = "INFERENCE_SERVER_PLUGINS"
 
 
-def build_manager(names: Collection[str] | None = None, plugins: Iterable[object] = ()) -> pluggy.PluginManager:
+#: The name the built-in defaults are registered under.
+DEFAULTS_NAME = "inference_server.default_plugin"
+#: Hooks called for every model or request: two implementations of one are worth a warning.
+REQUEST_HOOKS = ("model_fn", "input_fn", "predict_fn", "output_fn", "ping_fn")
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+    """Where an installed plugin came from: its entry point's module and its distribution's version."""
+
+    module: str
+    distribution: str
+    version: str
+
+
+class PluginManager(pluggy.PluginManager):
+    """pluggy's manager for our hooks, remembering which distribution each installed plugin came from."""
+
+    def __init__(self) -> None:
+        super().__init__(PROJECT)
+        self.add_hookspecs(HookSpecs)
+        #: Installed plugins (entry points) by registered name.
+        self.sources: dict[str, Source] = {}
+
+
+def build_manager(names: Collection[str] | None = None, plugins: Iterable[object] = ()) -> PluginManager:
     """A new plugin manager: the defaults, the installed plugins (only ``names`` if given), then ``plugins``."""
-    pm = pluggy.PluginManager(PROJECT)
-    pm.add_hookspecs(HookSpecs)
-    pm.register(default_plugin, name="inference_server.default_plugin")
+    pm = PluginManager()
+    pm.register(default_plugin, name=DEFAULTS_NAME)
     entry_points = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
     if names is not None:
         missing = set(names) - set(entry_points.names)
@@ -44,6 +69,10 @@ def build_manager(names: Collection[str] | None = None, plugins: Iterable[object
     for entry_point in entry_points:
         if names is None or entry_point.name in names:
             register(pm, _load(entry_point), name=entry_point.name)
+            dist = entry_point.dist
+            pm.sources[entry_point.name] = Source(
+                entry_point.value, dist.name if dist else "?", dist.version if dist else "?"
+            )
     for plugin in plugins:
         register(pm, plugin)
     logger.debug("Plugins: %s", [pm.get_name(plugin) for plugin in pm.get_plugins()])
@@ -51,19 +80,91 @@ def build_manager(names: Collection[str] | None = None, plugins: Iterable[object
 
 
 @functools.cache
-def _manager() -> pluggy.PluginManager:
-    selected = os.environ.get(PLUGINS_ENV)
+def _manager(selected: str | None) -> PluginManager:
     names = None if selected is None else [name.strip() for name in selected.split(",") if name.strip()]
     return build_manager(names)
 
 
-def manager() -> pluggy.PluginManager:
+def manager() -> PluginManager:
     """The process's plugin manager: the defaults and the installed plugins (see ``INFERENCE_SERVER_PLUGINS``).
 
+    One manager per value of ``INFERENCE_SERVER_PLUGINS``, so that tests selecting plugins get what they select.
     Raises :class:`PluginError` naming the plugin (and the hook) when a plugin cannot be loaded.
     """
     with _lock:  # functools.cache alone would let two threads load the plugins twice
-        return _manager()
+        return _manager(os.environ.get(PLUGINS_ENV))
+
+
+def call_model_fn(pm: pluggy.PluginManager, model_dir: str) -> Any:
+    """``model_fn``'s model, where a plugin's ``model_fn`` returning None is an error, not "not mine".
+
+    pluggy's first-result rule would fall through to the built-in echo model, serving it silently in place of the
+    plugin's. Several plugins may still share the work: the first that returns a model wins.
+    """
+    implementations = pm.hook.model_fn.get_hookimpls()
+    ours = [impl for impl in implementations if impl.plugin_name != DEFAULTS_NAME]
+    if not ours or any(impl.hookwrapper or impl.wrapper for impl in implementations):
+        return pm.hook.model_fn(model_dir=model_dir)
+    for impl in reversed(ours):  # pluggy's order: the last registered first
+        model = impl.function(*[{"model_dir": model_dir}[name] for name in impl.argnames])
+        if model is not None:
+            return model
+    raise TypeError(
+        f"model_fn of {' and '.join(repr(impl.plugin_name) for impl in reversed(ours))} returned None: "
+        "return the model (an object the predict_fn hook can call), or raise if it cannot be loaded"
+    )
+
+
+def _providers(pm: pluggy.PluginManager, hook: str) -> list[str]:
+    """The plugins implementing ``hook`` in the order pluggy calls them (the built-in defaults last)."""
+    return [impl.plugin_name for impl in reversed(getattr(pm.hook, hook).get_hookimpls())]
+
+
+def _label(pm: pluggy.PluginManager, name: str) -> str:
+    if name == DEFAULTS_NAME:
+        return "built-in"
+    return name
+
+
+def describe(pm: pluggy.PluginManager) -> list[str]:
+    """What the plugins are and which of them provides each hook, one line each (the start-up summary)."""
+    sources: dict[str, Source] = getattr(pm, "sources", {})
+    lines = []
+    names = [name for name, plugin in pm.list_name_plugin() if name != DEFAULTS_NAME and plugin is not None]
+    for name in names:
+        source = sources.get(name)
+        where = f"{source.distribution} {source.version}, module {source.module}" if source else "registered in code"
+        lines.append(f"plugin {name} ({where})")
+    if not names:
+        lines.append("plugins: none (the built-in hooks only)")
+    for hook in HOOK_NAMES:
+        lines.append(f"hook {hook}: {', then '.join(_label(pm, name) for name in _providers(pm, hook))}")
+    return lines
+
+
+def problems(pm: pluggy.PluginManager) -> list[str]:
+    """Mistakes in the plugin set that would otherwise serve a wrong answer silently, one warning each."""
+    warnings = []
+    if _providers(pm, "model_fn") == [DEFAULTS_NAME]:
+        warnings.append("serving the built-in echo model: no installed plugin implements model_fn")
+    for name, plugin in pm.list_name_plugin():
+        if name == DEFAULTS_NAME or plugin is None:
+            continue
+        implemented = {hook for hook in HOOK_NAMES if name in _providers(pm, hook)}
+        if implemented:
+            continue
+        unmarked = [hook for hook in HOOK_NAMES if callable(getattr(plugin, hook, None))]
+        looks = "looks like a hook but lacks" if len(unmarked) == 1 else "look like hooks but lack"
+        hint = f"; {', '.join(unmarked)} {looks} the @inference_server.plugin_hook decorator" if unmarked else ""
+        warnings.append(f"plugin {name!r} implements no hook{hint}")
+    for hook in REQUEST_HOOKS:
+        providers = [name for name in _providers(pm, hook) if name != DEFAULTS_NAME]
+        if len(providers) > 1:
+            warnings.append(
+                f"{hook} is implemented by {len(providers)} plugins: {providers[0]!r} runs first and wins whenever "
+                f"it returns something other than None; then {', '.join(repr(name) for name in providers[1:])}"
+            )
+    return warnings
 
 
 def first_result_caller(pm: pluggy.PluginManager, name: str) -> Callable[..., Any]:

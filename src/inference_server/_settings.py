@@ -67,6 +67,27 @@ def _integer(minimum: int) -> Callable[[str], int]:
     return parse
 
 
+#: How JSON answers write NaN and infinities (strict JSON has neither).
+JSON_NAN = ("null", "literal", "error")
+
+
+def _json_nan(text: str) -> str:
+    word = text.strip().lower()
+    if word not in JSON_NAN:
+        raise ValueError(f"must be one of {', '.join(JSON_NAN)}")
+    return word
+
+
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def _boolean(text: str) -> bool:
+    word = text.strip().lower()
+    if word not in _TRUE + _FALSE:
+        raise ValueError(f"must be one of {', '.join(_TRUE + _FALSE)}")
+    return word in _TRUE
+
+
 def _log_level(text: str) -> str:
     level = text.strip().lower()
     if level not in _LOG_LEVELS:
@@ -138,6 +159,8 @@ class Variable:
     #: How the help names the default when its value is not the clearest way (e.g. "the number of CPUs").
     default_text: str | None = None
     choices: tuple[str, ...] | None = None
+    #: An on/off switch: ``--option`` alone turns it on.
+    flag: bool = False
 
 
 def _variable(default: T, env: str | None, parse: Callable[[str], object], help: str, **more: Any) -> T:
@@ -219,6 +242,15 @@ class Settings:
         "media type of responses when the request's Accept allows anything",
         default_text="the prediction's natural format",
     )
+    #: How JSON and JSON Lines answers write NaN and infinities.
+    json_nan: str = _variable(
+        "null",
+        "INFERENCE_SERVER_JSON_NAN",
+        _json_nan,
+        "NaN and infinity in JSON answers: null (strict JSON), literal (NaN, Infinity: what Python's json and "
+        "pandas read, not strict JSON) or error (a 500 saying so)",
+        choices=JSON_NAN,
+    )
     server: str = _variable(
         "granian",
         "INFERENCE_SERVER_BACKEND",
@@ -228,6 +260,16 @@ class Settings:
     )
     log_level: str = _variable(
         "info", "INFERENCE_SERVER_LOG_LEVEL", _log_level, "critical, error, warning, info or debug"
+    )
+    #: Put a failing hook's exception message and traceback in its 500 answer (they may hold request data).
+    debug: bool = _variable(
+        False,
+        "INFERENCE_SERVER_DEBUG",
+        _boolean,
+        "put a failing hook's exception message and traceback in its 500 answer; off in production, since "
+        "exception messages can hold the data of requests",
+        default_text="off",
+        flag=True,
     )
 
     @property

@@ -1,33 +1,69 @@
-"""The ``inference-server`` command line: ``serve`` starts the production HTTP server."""
+"""The ``inference-server`` command line: ``serve`` starts the HTTP server, ``plugins`` checks the plugins."""
 
 from __future__ import annotations
 
 import argparse
+import difflib
+import importlib.metadata
 import sys
 from collections.abc import Sequence
 
 import inference_server
-from inference_server import server
+from inference_server import _plugins, server
+from inference_server._hookspecs import ENTRY_POINT_GROUP
+from inference_server._plugins import PLUGINS_ENV
 from inference_server._settings import DEFAULTS, VARIABLES, Settings, Variable
-from inference_server.errors import ConfigurationError
+from inference_server.errors import ConfigurationError, PluginError
+
+#: Variables read by the built-in hooks and the plugin loader rather than by the server's options.
+OTHER_VARIABLES = {
+    PLUGINS_ENV: "comma-separated entry-point names of the plugins to load (default: every installed one)",
+    "SAGEMAKER_MAX_PAYLOAD_IN_MB": "largest request body in MB, beyond it 413; 0: no limit (default: 6)",
+    "SAGEMAKER_BATCH_STRATEGY": "SingleRecord or MultiRecord, for /execution-parameters (default: MultiRecord)",
+    "SAGEMAKER_MAX_CONCURRENT_TRANSFORMS": "for /execution-parameters (default: 1)",
+}
 
 
-def _parser() -> argparse.ArgumentParser:
+def _versions() -> str:
+    """This version and the installed plugins' (read from their metadata, none imported)."""
+    plugins = [
+        f"{entry_point.name} {entry_point.dist.version if entry_point.dist else '?'}"
+        for entry_point in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
+    ]
+    return f"inference-server {inference_server.__version__} (plugins: {', '.join(plugins) or 'none installed'})"
+
+
+def _parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
     parser = argparse.ArgumentParser(
         prog="inference-server",
         description="Serve a model package over HTTP with the Amazon SageMaker container contract.",
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {inference_server.__version__}")
+    parser.add_argument("--version", action="version", version=_versions())
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     serve = commands.add_parser(
         "serve",
         help="start the HTTP server (what SageMaker runs as 'docker run IMAGE serve')",
         description="Start the production HTTP server: GET /ping, POST /invocations, GET /execution-parameters. "
         "Command-line options win over environment variables.",
+        epilog="also read from the environment:\n"
+        + "\n".join(f"  {name}: {text}" for name, text in OTHER_VARIABLES.items()),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     for field, variable in VARIABLES.items():
-        serve.add_argument(f"--{field.replace('_', '-')}", choices=variable.choices, help=_help(variable, field))
-    return parser
+        option, help = f"--{field.replace('_', '-')}", _help(variable, field)
+        if variable.flag:
+            serve.add_argument(option, action="store_const", const="true", help=help)
+        else:
+            serve.add_argument(option, choices=variable.choices, help=help)
+    plugins = commands.add_parser(
+        "plugins",
+        help="list the plugins, which of them provides each hook, and mistakes in the set; then exit",
+        description="Print what 'serve' would log at start-up about the plugins (INFERENCE_SERVER_PLUGINS selects "
+        "them), with a warning for each mistake found. Exit status 1 if a plugin cannot be loaded, or with "
+        "--strict if there is any warning: a container build can check its plugin set this way.",
+    )
+    plugins.add_argument("--strict", action="store_true", help="exit 1 if there is any warning")
+    return parser, {"serve": serve, "plugins": plugins}
 
 
 def _help(variable: Variable, field: str) -> str:
@@ -37,15 +73,47 @@ def _help(variable: Variable, field: str) -> str:
     return f"{variable.help} (default: ${variable.env}, else {default})"
 
 
+def _unrecognized(command: argparse.ArgumentParser, extras: list[str]) -> str:
+    """The error for unknown arguments, with the closest options: ``--model_dir`` -> ``--model-dir``."""
+    options = [option for action in command._actions for option in action.option_strings]
+    parts = []
+    for extra in extras:
+        if extra.startswith("-"):
+            guess = difflib.get_close_matches(extra.split("=", 1)[0].replace("_", "-"), options, n=1, cutoff=0.6)
+            parts.append(f"{extra} (did you mean {guess[0]}?)" if guess else extra)
+        else:
+            parts.append(extra)
+    return f"unrecognized arguments: {' '.join(parts)}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit status."""
-    parser = _parser()
-    args = parser.parse_args(argv)
-    if args.command != "serve":
+    parser, commands = _parsers()
+    args, extras = parser.parse_known_args(argv)
+    command = commands.get(args.command)
+    if command is None:
         parser.print_help(sys.stderr)
         return 2
+    if extras:
+        command.error(_unrecognized(command, extras))
+    if args.command == "plugins":
+        return _plugins_report(strict=args.strict)
     try:
         settings = Settings.from_env(**{field: getattr(args, field) for field in VARIABLES})
     except ConfigurationError as exc:
-        parser.exit(2, f"inference-server: error: {exc}\n")
+        command.exit(2, f"inference-server serve: error: {exc}\n")
     return server.serve(settings)
+
+
+def _plugins_report(*, strict: bool) -> int:
+    try:
+        pm = _plugins.manager()
+    except PluginError as exc:
+        print(f"inference-server: error: {exc}", file=sys.stderr)
+        return 1
+    for line in _plugins.describe(pm):
+        print(line)
+    warnings = _plugins.problems(pm)
+    for warning in warnings:
+        print(f"warning: {warning}")
+    return 1 if strict and warnings else 0

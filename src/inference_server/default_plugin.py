@@ -11,6 +11,7 @@ from werkzeug.datastructures import MIMEAccept
 
 from inference_server import _settings, codecs
 from inference_server._hookspecs import plugin_hook
+from inference_server.errors import HookError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -20,18 +21,21 @@ class Defaults:
     limits: codecs.Limits = dataclasses.field(default_factory=codecs.Limits)
     #: The media type to send when the client accepts anything (``SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT``).
     default_accept: str | None = None
+    #: How JSON answers write NaN and infinities: ``null``, ``literal`` or ``error`` (``INFERENCE_SERVER_JSON_NAN``).
+    json_nan: str = "null"
 
 
-#: The running app's :class:`Defaults`, set by the pipeline around each invocation (per app, not per process).
-current: contextvars.ContextVar[Defaults] = contextvars.ContextVar("inference_server_defaults")
+#: The running invocation: its app's :class:`Defaults` and the request's media type, set by the pipeline around
+#: each invocation (per app, not per process).
+current: contextvars.ContextVar[tuple[Defaults, str | None]] = contextvars.ContextVar("inference_server_invocation")
 
 
-def _defaults() -> Defaults:
-    """The running app's defaults; outside an invocation, the default limits and the environment's default type."""
-    defaults = current.get(None)
-    if defaults is None:
-        return Defaults(default_accept=os.environ.get("SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT") or None)
-    return defaults
+def _invocation() -> tuple[Defaults, str | None]:
+    """The running invocation; outside one, the default limits and the environment's default type."""
+    invocation = current.get(None)
+    if invocation is None:
+        return Defaults(default_accept=os.environ.get("SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT") or None), None
+    return invocation
 
 
 def _identity(data: Any) -> Any:
@@ -49,25 +53,38 @@ def input_fn(input_data: bytes, content_type: str) -> Any:
     """Decode the body with the codec for its media type; a type no codec knows passes through as bytes."""
     if codecs.lookup(content_type) is None:
         return input_data
-    return codecs.loads(input_data, content_type, _defaults().limits)
+    return codecs.loads(input_data, content_type, _invocation()[0].limits)
 
 
 @plugin_hook(trylast=True)
 def predict_fn(data: Any, model: Any) -> Any:
-    """Call the model with the data."""
-    return model(data)
+    """Call the model with the data: ``model(data)``, or ``model.predict(data)`` (scikit-learn, XGBoost, LightGBM)."""
+    if callable(model):
+        return model(data)
+    predict = getattr(model, "predict", None)
+    if callable(predict):
+        return predict(data)
+    message = (
+        f"the model, a {type(model).__name__}, is not callable and has no predict method: implement the predict_fn "
+        "hook (@inference_server.plugin_hook def predict_fn(data, model): ...) to say how to run it"
+    )
+    raise HookError("predict_fn", TypeError(message), summary=message)
 
 
 @plugin_hook(trylast=True)
 def output_fn(prediction: Any, accept: MIMEAccept) -> tuple[Any, str]:
     """Encode with the best codec ``accept`` allows for the prediction; bytes pass through as octet-stream.
 
-    When the client accepts anything, the app's default type (``SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT``) wins, else
-    the prediction's natural format: ndarray -> npy, dict of arrays -> npz, Arrow table -> Arrow stream, else JSON.
+    When the client accepts anything, the request's own media type wins if it can encode the prediction (JSON in,
+    JSON out), then the app's default type (``SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT``), then the prediction's natural
+    format: ndarray -> npy, dict of arrays -> npz, Arrow table -> Arrow stream, else JSON.
     """
     if isinstance(prediction, (bytes, bytearray, memoryview)):
         return prediction, "application/octet-stream"
-    codec = codecs.negotiate(accept, prediction, default=_defaults().default_accept)
+    defaults, request = _invocation()
+    codec = codecs.negotiate(accept, prediction, default=defaults.default_accept, request=request)
+    if defaults.json_nan != "null" and isinstance(codec, (codecs.JSONCodec, codecs.JSONLinesCodec)):
+        return codec.encode(prediction, defaults.json_nan), codec.media_type
     return codec.encode(prediction), codec.media_type
 
 

@@ -6,6 +6,7 @@ Catch :class:`InferenceServerError` for anything this package raises on purpose:
     ├── ConfigurationError (ValueError)   bad environment variable, option or hook value at start-up
     ├── PluginError                       a plugin failed to import, or a hook does not match its spec
     ├── PredictionError                   the client: a server or endpoint answered with an error status
+    ├── HookError                         a hook (the model's code) failed while answering a request: 500
     └── HTTPError (werkzeug HTTPException) an answer with a status, raised on the request path
         ├── BadRequest            400
         │   └── DecodeError (ValueError)  a body the built-in codecs cannot decode
@@ -14,6 +15,7 @@ Catch :class:`InferenceServerError` for anything this package raises on purpose:
         ├── URITooLong            414
         ├── UnsupportedMediaType  415
         ├── NotAcceptable         406
+        ├── EncodeError           500   no codec can encode the prediction (the model's output, not the client)
         ├── ServiceUnavailable    503
         │   └── ModelLoadError    503   model_fn raised; the reason is in the log
         └── GatewayTimeout        504   handling the request took longer than the timeout
@@ -30,8 +32,10 @@ __all__ = [
     "BadRequest",
     "ConfigurationError",
     "DecodeError",
+    "EncodeError",
     "GatewayTimeout",
     "HTTPError",
+    "HookError",
     "InferenceServerError",
     "ModelLoadError",
     "NotAcceptable",
@@ -68,6 +72,21 @@ class PredictionError(InferenceServerError):
         self.request_id = request_id
 
 
+class HookError(InferenceServerError):
+    """A hook raised (or returned something unusable) while answering a request: the server answers 500.
+
+    ``hook`` names it and ``error`` is what it raised (also the ``__cause__``); ``summary`` says it in a few words
+    without the exception's message, which may hold request data; ``hint`` says what probably went wrong.
+    """
+
+    def __init__(self, hook: str, error: BaseException, summary: str = "", hint: str = "") -> None:
+        self.hook = hook
+        self.error = error
+        self.summary = summary or f"{hook} raised {type(error).__name__}"
+        self.hint = hint
+        super().__init__(self.summary)
+
+
 class HTTPError(InferenceServerError, werkzeug.exceptions.HTTPException):
     """An error that becomes an HTTP response with the class's ``code``."""
 
@@ -98,6 +117,10 @@ class UnsupportedMediaType(HTTPError, werkzeug.exceptions.UnsupportedMediaType):
 
 class NotAcceptable(HTTPError, werkzeug.exceptions.NotAcceptable):
     """406: no encoding of the prediction is acceptable to the client."""
+
+
+class EncodeError(HTTPError, werkzeug.exceptions.InternalServerError):
+    """500: no codec can encode the prediction at all; the message names the prediction's type, not its data."""
 
 
 class ServiceUnavailable(HTTPError, werkzeug.exceptions.ServiceUnavailable):

@@ -10,7 +10,7 @@ import zlib
 from collections.abc import Iterable
 from typing import Any, ClassVar
 
-from inference_server.errors import DecodeError, NotAcceptable, UnsupportedMediaType
+from inference_server.errors import DecodeError, EncodeError, NotAcceptable, UnsupportedMediaType
 
 #: A piece of a body: the concatenation of an ``encode`` result is the body.
 Buffer = bytes | bytearray | memoryview
@@ -210,17 +210,43 @@ def _quality(ranges: Ranges, media_type: str) -> float:
     return best
 
 
-def negotiate(accept: str | Iterable[tuple[str, float]] | None, obj: Any = None, default: str | None = None) -> Codec:
+def describe(obj: Any) -> str:
+    """A prediction's type in a few words, without its data: ``ndarray of dtype object holding dict``."""
+    name = type(obj).__name__
+    dtype = getattr(obj, "dtype", None)
+    if dtype is None:
+        return name
+    if getattr(dtype, "hasobject", False) and getattr(obj, "size", 0):
+        kinds = sorted({type(value).__name__ for value in obj.flat})
+        return f"{name} of dtype {dtype} holding {', '.join(kinds[:5])}"
+    return f"{name} of dtype {dtype}"
+
+
+def negotiate(
+    accept: str | Iterable[tuple[str, float]] | None,
+    obj: Any = None,
+    default: str | None = None,
+    request: str | None = None,
+) -> Codec:
     """Pick the codec to send ``obj`` with, for an ``Accept`` value (a header string or werkzeug's MIMEAccept).
 
-    The highest q wins; ties go to ``default`` (``SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT``), then to the natural
-    format of ``obj`` (ndarray: npy, dict of arrays: npz, Table: Arrow, else JSON). Nothing acceptable: 406.
+    The highest q wins; ties (``*/*`` above all) go to the request's own media type ``request`` (JSON in, JSON out),
+    then to ``default`` (``SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT``), then to the natural format of ``obj`` (ndarray:
+    npy, dict of arrays: npz, Table: Arrow, else JSON), each only if it can encode ``obj``. Nothing acceptable: 406
+    listing what could be sent; nothing at all can encode ``obj``: :class:`EncodeError` (500) naming its type.
     """
     ranges = _ranges(accept)
     candidates = [codec for codec in _codecs.values() if codec.available() and codec.can_encode(obj)]
+    if not candidates:
+        raise EncodeError(
+            f"no codec can encode the prediction, a {describe(obj)}; return arrays of numbers or strings, "
+            "lists, dicts or bytes, or encode it in output_fn"
+        )
+    request_codec = lookup(request) if request else None
     default_codec = lookup(default) if default else None
     preference = sorted(
-        candidates, key=lambda codec: (codec is not default_codec, not codec.natural_for(obj))
+        candidates,
+        key=lambda codec: (codec is not request_codec, codec is not default_codec, not codec.natural_for(obj)),
     )  # stable: registration order breaks the remaining ties
     best, best_q = None, 0.0
     for codec in preference:
@@ -229,7 +255,7 @@ def negotiate(accept: str | Iterable[tuple[str, float]] | None, obj: Any = None,
             best, best_q = codec, q
     if best is None:
         header = _header(accept)
-        offered = ", ".join(codec.media_type for codec in preference) or "nothing"
+        offered = ", ".join(codec.media_type for codec in preference)
         missing = [codec for codec in _codecs.values() if not codec.available() and _quality(ranges, codec.media_type)]
         hint = "".join(f"; {codec.media_type} needs {codec.install_hint()}" for codec in missing)
         raise NotAcceptable(f"cannot send a {type(obj).__name__} as {header!r}; it can be sent as: {offered}{hint}")

@@ -1,4 +1,4 @@
-"""``text/csv``: a 2-D float array when every cell is a number, else rows of strings (as SageMaker's CSV)."""
+"""``text/csv``: a 2-D float array when every cell is a number (a header row is skipped), else rows of strings."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from inference_server.codecs import json
 from inference_server.codecs._registry import Buffer, Codec, Limits
 from inference_server.errors import DecodeError
 
@@ -17,10 +18,32 @@ MEDIA_TYPE = "text/csv"
 def _rows(obj: Any) -> list[Any]:
     """Rows to write: a 1-D sequence is one value per line (one prediction per record)."""
     if isinstance(obj, np.ndarray):
+        values = json.as_lists(obj)
         if obj.ndim == 0:
-            return [[obj.item()]]
-        return [row if isinstance(row, list) else [row] for row in obj.tolist()]
+            return [[values]]
+        return [row if isinstance(row, list) else [row] for row in values]
     return [list(row) if isinstance(row, (list, tuple, np.ndarray)) else [row] for row in obj]
+
+
+def _number(cell: str) -> float | None:
+    try:
+        return float(cell)
+    except ValueError:
+        return None
+
+
+def _after_header(rows: list[list[str]]) -> np.ndarray[Any, Any] | None:
+    """The numbers below a header row (pandas' ``to_csv`` writes one; SageMaker's CSV has none), else None.
+
+    A header is a first row with no number in it above rows of numbers only, all of its width.
+    """
+    if len(rows) < 2 or any(_number(cell) is not None for cell in rows[0]):
+        return None
+    width = len(rows[0])
+    values = [[_number(cell) for cell in row] for row in rows[1:]]
+    if any(len(row) != width or None in row for row in values):
+        return None
+    return np.array(values, dtype=np.float64)
 
 
 class CSVCodec(Codec):
@@ -38,11 +61,13 @@ class CSVCodec(Codec):
         try:
             return np.loadtxt(io.StringIO(text), delimiter=",", dtype=np.float64, ndmin=2, comments=None)
         except ValueError:
-            pass  # not all numbers, or ragged: rows of strings
+            pass  # not all numbers, a header row, or ragged
         try:
-            return [row for row in csv.reader(io.StringIO(text, newline="")) if row]
+            rows = [row for row in csv.reader(io.StringIO(text, newline="")) if row]
         except csv.Error as exc:
             raise DecodeError(f"invalid CSV: {exc}") from None
+        numbers = _after_header(rows)
+        return rows if numbers is None else numbers
 
     def encode(self, obj: Any) -> list[Buffer]:
         out = io.StringIO()
@@ -51,5 +76,5 @@ class CSVCodec(Codec):
 
     def can_encode(self, obj: Any) -> bool:
         if isinstance(obj, np.ndarray):
-            return obj.ndim <= 2 and not obj.dtype.hasobject
+            return obj.ndim <= 2 and (not obj.dtype.hasobject or json.has_plain_cells(obj))
         return isinstance(obj, (list, tuple))

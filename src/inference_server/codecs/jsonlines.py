@@ -28,10 +28,11 @@ class JSONLinesCodec(Codec):
                     raise DecodeError(f"invalid JSON Lines: {exc.description}") from None
         return records
 
-    def encode(self, obj: Any) -> list[Buffer]:
-        return [b"".join(json.dumps(record) + b"\n" for record in obj)]
+    def encode(self, obj: Any, nan: str = "null") -> list[Buffer]:
+        records = json.as_lists(obj) if isinstance(obj, np.ndarray) and obj.dtype.hasobject else obj
+        return [b"".join(json.dumps(record, nan) + b"\n" for record in records)]
 
     def can_encode(self, obj: Any) -> bool:
         if isinstance(obj, np.ndarray):
-            return obj.ndim >= 1 and not obj.dtype.hasobject
+            return obj.ndim >= 1 and (not obj.dtype.hasobject or json.has_plain_cells(obj))
         return isinstance(obj, (list, tuple))

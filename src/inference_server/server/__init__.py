@@ -19,7 +19,7 @@ import logging
 import os
 import sys
 
-from inference_server import _plugins
+from inference_server import _logging, _model, _plugins
 from inference_server._app import App
 from inference_server._settings import Settings
 from inference_server.errors import ConfigurationError, ModelLoadError, PluginError
@@ -41,8 +41,31 @@ def server_threads(settings: Settings) -> int:
 
 def load_model(app: App) -> None:
     """Load the model in a worker before it serves; a failure is logged (with its traceback) and /ping says 503."""
+    _model.warn_missing_dir = False  # the serving process warned once already
     with contextlib.suppress(ModelLoadError):
         app.model()
+
+
+def _log_summary(app: App) -> None:
+    """The start-up summary at INFO (plugins, hooks, limits), and warnings for mistakes that would stay silent."""
+    for line in _plugins.describe(app.pm):
+        logger.info("%s", line)
+    settings, mb = app.settings, app.execution_parameters["MaxPayloadInMB"]
+    logger.info(
+        "limits: bodies up to %s, timeout %s, read timeout %s s, graceful timeout %s s, headers up to %s bytes; "
+        "%d worker(s) x %d thread(s) on %s",
+        f"{mb} MB" if mb else "any size",
+        f"{settings.timeout} s" if settings.timeout else "none",
+        settings.read_timeout,
+        settings.graceful_timeout,
+        settings.max_header_bytes,
+        settings.workers,
+        settings.threads,
+        settings.server,
+    )
+    for problem in _plugins.problems(app.pm):
+        logger.warning("%s", problem)
+    _model.check_model_dir(settings.model_dir)
 
 
 def _cannot_start(reason: str) -> int:
@@ -53,9 +76,7 @@ def _cannot_start(reason: str) -> int:
 
 def serve(settings: Settings) -> int:
     """Check the plugins and settings, then serve until SIGTERM; return the exit status (1 if the drain timed out)."""
-    logging.basicConfig(
-        level=settings.log_level_number, format="%(asctime)s [%(process)d] [%(levelname)s] %(name)s: %(message)s"
-    )
+    _logging.configure(settings.log_level_number)
     os.environ.update(settings.environ())  # worker processes, create_app() and warmup() in user code agree
     try:
         app = App(settings, _plugins.manager())
@@ -64,6 +85,7 @@ def serve(settings: Settings) -> int:
     problem = _port.in_use(settings)
     if problem is not None:
         return _cannot_start(problem)
+    _log_summary(app)
     if settings.server == "granian":
         from inference_server.server import granian
 

@@ -29,7 +29,7 @@ from granian.http import HTTP1Settings
 from granian.log import LogLevels
 from granian.server.mp import MPServer, WorkerProcess
 
-from inference_server import _plugins
+from inference_server import _logging, _plugins
 from inference_server._app import App
 from inference_server._settings import Settings
 from inference_server.server import _drain, _port, _state, load_model, server_threads
@@ -142,6 +142,7 @@ class Server(MPServer):
             ),
             factory=True,
             log_level=LogLevels(settings.log_level),
+            log_dictconfig=_logging.dict_config(settings.log_level, ("_granian", "granian.access")),
             respawn_failed_workers=True,
             workers_kill_timeout=settings.graceful_timeout,
         )

@@ -18,6 +18,7 @@ from gunicorn.arbiter import Arbiter
 from gunicorn.errors import HaltServer
 from gunicorn.workers.gthread import ThreadWorker
 
+from inference_server import _logging
 from inference_server._app import App
 from inference_server.server import KEEPALIVE, _drain, _state, load_model, server_threads
 
@@ -112,7 +113,7 @@ class GunicornServer(BaseApplication):  # type: ignore[misc]
             "limit_request_line": min(settings.max_header_bytes, 8190),
             "limit_request_field_size": settings.max_header_bytes,
             "loglevel": settings.log_level,
-            "errorlog": "-",
+            "logconfig_dict": _logging.dict_config(settings.log_level, ("gunicorn.error", "gunicorn.access")),
             "proc_name": "inference-server",
             "post_worker_init": _post_worker_init,
             "control_socket_disable": True,  # one fixed path shared by every server on the machine
