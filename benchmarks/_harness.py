@@ -171,3 +171,13 @@ def python_load(url: str, seconds: float, connections: int, lua: str | None) -> 
 
 def median(values: list[float]) -> float:
     return statistics.median(values)
+
+
+def spread(values: list[float]) -> str:
+    """The min-max of the rounds, as the recorded tables quote it."""
+    return f"{min(values):.0f}-{max(values):.0f}" if max(values) >= 100 else f"{min(values):.2f}-{max(values):.2f}"
+
+
+def load() -> str:
+    """The machine's load average (1, 5, 15 min): these machines are shared, so every run says how busy it was."""
+    return "load average " + ", ".join(f"{value:.2f}" for value in os.getloadavg())

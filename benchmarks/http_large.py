@@ -72,7 +72,11 @@ def main() -> None:
         "ours granian": ours("granian"),
     }
     bodies = {mb: codecs.dumps(np.ones(mb * MiB // 4, dtype=np.float32), "application/x-npy") for mb in SIZES_MB}
-    print(f"{os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d')}, {repeats} repeats, median GB/s (payload / round trip)")
+    print(
+        f"{os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d %H:%M')}, {repeats} repeats, "
+        "median GB/s (payload / round trip)"
+    )
+    print(f"before: {h.load()}")
     results: dict[tuple[str, str], list[float]] = {}
     peaks: dict[str, int] = {}
     with contextlib.ExitStack() as stack:
@@ -94,6 +98,7 @@ def main() -> None:
         for name, server in servers.items():
             peaks[name] = server.peak_above(idle[name])
     labels = [f"{mb} MB" for mb in SIZES_MB] + ["100 MB chunked"]
+    print(f"after: {h.load()}")
     print(f"\n{'contender':<20}" + "".join(f"{label:>16}" for label in labels) + f"{'peak RSS rise':>16}")
     ceiling = {label: h.median(results[("raw-socket ceiling", label)]) for label in labels[:-1]}
     ceiling["100 MB chunked"] = ceiling["100 MB"]
@@ -106,6 +111,14 @@ def main() -> None:
             value = h.median(results[(name, label)])
             cells.append(f"{value:>7.2f} ({value / ceiling[label]:.2f}x)")
         print(f"{name:<20}" + "".join(f"{c:>16}" for c in cells) + f"{peaks[name] / MiB:>14.0f} MiB")
+    print("\nmin-max of the repeats, GB/s:")
+    for name in contenders:
+        print(
+            f"{name:<20}"
+            + "".join(
+                f"{h.spread(results[(name, label)]) if (name, label) in results else '-':>16}" for label in labels
+            )
+        )
 
 
 if __name__ == "__main__":

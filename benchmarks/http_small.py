@@ -94,7 +94,10 @@ def main() -> None:
     site = str(h.plugin_site({"json_echo": JSON_ECHO}))
     with open(os.path.join(site, "bare.py"), "w") as f:
         f.write(textwrap.dedent(BARE))
-    print(f"{platform.node()} {os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d')}, threads per worker {args.threads}")
+    print(
+        f"{platform.node()} {os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d %H:%M')}, threads per worker {args.threads}"
+    )
+    print(f"before: {h.load()}")
     results: dict[str, dict[str, list[float]]] = {}
     with contextlib.ExitStack() as stack:
         servers = {}
@@ -112,14 +115,25 @@ def main() -> None:
                 results[name]["invocations"].append(h.wrk(f"http://127.0.0.1:{port}{path}", seconds, 16, POST))
                 ping = "/ping" if not name.startswith("bare") else "/"
                 results[name]["ping"].append(h.wrk(f"http://127.0.0.1:{port}{ping}", seconds, 16))
+    print(f"after: {h.load()}; medians of {rounds} round(s) of {seconds} s, min-max of the rounds in brackets")
     legacy = h.median(results["1.3.3 gunicorn sync"]["invocations"])
-    columns = ("POST /invocations", 18), ("GET /ping", 12), ("vs 1.3.3", 9), ("vs bare, same server", 21)
+    columns = (
+        ("POST /invocations", 18),
+        ("(min-max)", 14),
+        ("GET /ping", 12),
+        ("vs 1.3.3", 9),
+        ("vs bare, same server", 21),
+    )
     print(f"\n{'contender':<22}" + "".join(f" {title:>{width}}" for title, width in columns))
     for name, measured in results.items():
         invocations, ping = h.median(measured["invocations"]), h.median(measured["ping"])
         bare = "bare granian" if "granian" in name else "bare gunicorn"
         vs_bare = f"{invocations / h.median(results[bare]['invocations']):.2f}x" if name.startswith("ours") else ""
-        print(f"{name:<22} {invocations:>14.0f}/s {ping:>10.0f}/s {invocations / legacy:>8.2f}x {vs_bare:>21}")
+        spread = f"({h.spread(measured['invocations'])})"
+        print(
+            f"{name:<22} {invocations:>16.0f}/s {spread:>14} {ping:>10.0f}/s "
+            f"{invocations / legacy:>8.2f}x {vs_bare:>21}"
+        )
 
 
 if __name__ == "__main__":
