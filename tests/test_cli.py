@@ -195,7 +195,7 @@ def test_plugins_command_prints_the_summary_and_warnings(plugin_site: Any) -> No
 
 def test_start_up_logs_the_summary_and_warns_about_the_echo_model(servers: Any) -> None:
     """``serve`` logs the plugins, the hooks' providers and the limits, and warns once about the echo model."""
-    server = servers.start(plugins=[], env={"INFERENCE_SERVER_MODEL_DIR": "/nonexistent"})
+    server = servers.start("--workers", "2", plugins=[], env={"INFERENCE_SERVER_MODEL_DIR": "/nonexistent"})
     server.stop()
     output = server.output()
     assert "plugins: none (the built-in hooks only)" in output
@@ -203,3 +203,14 @@ def test_start_up_logs_the_summary_and_warns_about_the_echo_model(servers: Any) 
     assert "limits: bodies up to 6 MB, timeout 60 s, read timeout 30 s" in output
     assert "[WARNING] inference_server: serving the built-in echo model" in output
     assert output.count("Model directory /nonexistent does not exist") == 1
+
+
+def test_two_plugins_with_input_fn_are_named_at_start_up(servers: Any, plugin_site: Any) -> None:
+    """Two installed plugins implementing input_fn: the start-up warning names the one that wins and the other."""
+    source = "import inference_server\n\n@inference_server.plugin_hook\ndef input_fn(input_data, content_type):\n"
+    for name in ("alpha", "beta"):
+        plugin_site.add(name, source + "    return input_data\n")
+    server = servers.start()
+    server.stop()
+    warning = next(line for line in server.output().splitlines() if "input_fn is implemented by 2 plugins" in line)
+    assert "'beta' runs first and wins whenever it returns something other than None; then 'alpha'" in warning
