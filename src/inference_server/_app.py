@@ -76,11 +76,22 @@ class WorkerState(Protocol):
 class App:
     """The inference-server WSGI application for one set of settings and plugins."""
 
-    def __init__(self, settings: Settings, pm: pluggy.PluginManager, *, bytes_only: bool = True) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        pm: pluggy.PluginManager,
+        *,
+        bytes_only: bool = True,
+        read_on_server_thread: bool = False,
+    ) -> None:
         self.settings = settings
         self.pm = pm
         #: Copy body buffers to ``bytes`` as PEP 3333 requires; False hands servers the arrays' own memory.
         self.bytes_only = bytes_only
+        #: Read the body on the server's own thread, not on the helper that has a deadline (granian: its body read,
+        #: called from a thread of ours, stalls the whole worker while the client is slow to send). The body then has
+        #: no deadline of ours (no 408) and ``--timeout`` counts from its arrival.
+        self.read_on_server_thread = read_on_server_thread
         self.pipeline = Pipeline(settings, pm)
         self.execution_parameters = self.pipeline.execution_parameters
         self._routes: dict[str, dict[str, Handler]] = {
@@ -197,16 +208,19 @@ class App:
         """Invoke on a helper thread and answer 408 or 504 if it overruns ``--read-timeout`` or ``--timeout``."""
         if self._timeout is None:
             return self._invoke(environ, None)
+        body = read_body(environ, self.pipeline.max_body) if self.read_on_server_thread else None
         call = _deadlines.Call()
         start = time.monotonic()
         limit = min(self._timeout, self.settings.read_timeout)
         read_deadline, deadline = start + limit, start + self._timeout
+        if body is not None:
+            read_deadline = deadline  # read already
 
         def current_deadline() -> float:
             return read_deadline if call.stage == _deadlines.READING else deadline
 
         try:
-            return self._helpers.run(functools.partial(self._invoke, environ, call), current_deadline)  # type: ignore[no-any-return]
+            return self._helpers.run(functools.partial(self._invoke, environ, call, body), current_deadline)  # type: ignore[no-any-return]
         except _deadlines.TimedOut as exc:
             stage = call.cancel()
             if stage == _deadlines.READING:
@@ -228,8 +242,9 @@ class App:
         else:
             logger.error("%s; this process cannot be replaced (it was not started by inference-server serve)", reason)
 
-    def _invoke(self, environ: WSGIEnvironment, call: _deadlines.Call | None) -> Reply:
-        body = read_body(environ, self.pipeline.max_body)
+    def _invoke(self, environ: WSGIEnvironment, call: _deadlines.Call | None, body: bytearray | None = None) -> Reply:
+        if body is None:
+            body = read_body(environ, self.pipeline.max_body)
         model = self.model()
         content_type = environ.get("CONTENT_TYPE")
         if not content_type:
@@ -334,11 +349,22 @@ def read_body(environ: WSGIEnvironment, limit: int | None) -> bytearray:
     if not (chunked or environ.get("wsgi.input_terminated")):
         return bytearray()  # no length and no framing: WSGI says there is no body to read
     buffer = bytearray()
-    while chunk := stream.read(_READ_BLOCK):
+    while chunk := _read(stream, _READ_BLOCK):
         buffer += chunk
         if limit is not None and len(buffer) > limit:
             raise PayloadTooLarge(f"the chunked body passed the limit (MaxPayloadInMB) of {limit} bytes{_RAISE}")
     return buffer
+
+
+def _read(stream: Any, size: int) -> bytes:
+    """``stream.read(size)``, where the server's own parse errors (a malformed chunk: its size, extension,
+    terminator or trailer) are the client's fault, a 400, not a 500."""
+    try:
+        return stream.read(size)  # type: ignore[no-any-return]
+    except OSError:
+        raise
+    except Exception as exc:
+        raise BadRequest(f"the chunked body is malformed: {type(exc).__name__}: {exc}"[:300]) from None
 
 
 def create_app(*, model_dir: str | None = None) -> App:

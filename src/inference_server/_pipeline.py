@@ -7,7 +7,6 @@ WSGI: no environ, no status line, no body reading.
 
 from __future__ import annotations
 
-import functools
 import logging
 from typing import Any, NamedTuple
 
@@ -121,7 +120,7 @@ class Pipeline:
             default_plugin.current.reset(token)
 
 
-@functools.lru_cache(maxsize=256)
+@codecs.cache_short(256)
 def parse_accept(header: str) -> MIMEAccept:
     """The parsed Accept header (``*/*`` when empty); clients send the same few values again and again."""
     return werkzeug.http.parse_accept_header(header or "*/*", MIMEAccept)

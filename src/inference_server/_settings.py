@@ -261,6 +261,16 @@ class Settings:
     log_level: str = _variable(
         "info", "INFERENCE_SERVER_LOG_LEVEL", _log_level, "critical, error, warning, info or debug"
     )
+    #: Accept HTTP/2 (with prior knowledge) beside HTTP/1.1 on granian; SageMaker speaks HTTP/1.1.
+    http2: bool = _variable(
+        False,
+        "INFERENCE_SERVER_HTTP2",
+        _boolean,
+        "also accept HTTP/2 with prior knowledge (granian only), at most 100 streams per connection; SageMaker "
+        "speaks HTTP/1.1, so it is off",
+        default_text="off",
+        flag=True,
+    )
     #: Put a failing hook's exception message and traceback in its 500 answer (they may hold request data).
     debug: bool = _variable(
         False,

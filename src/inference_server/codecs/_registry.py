@@ -7,8 +7,8 @@ import functools
 import struct
 import threading
 import zlib
-from collections.abc import Iterable
-from typing import Any, ClassVar
+from collections.abc import Callable, Iterable
+from typing import Any, ClassVar, TypeVar
 
 from inference_server.errors import DecodeError, EncodeError, NotAcceptable, UnsupportedMediaType
 
@@ -88,7 +88,30 @@ def media_types() -> list[str]:
     return list(_codecs)
 
 
-@functools.lru_cache(maxsize=256)
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: The longest key :func:`cache_short` keeps: an ``Accept`` or ``.npy`` header of a real client is far shorter.
+SHORT = 512
+
+
+def cache_short(maxsize: int) -> Callable[[F], F]:
+    """An LRU cache for a function whose first argument (a str or bytes) comes from clients: only values up to
+    :data:`SHORT` long are kept, so the cache is bounded in bytes too (300 distinct 60 KB ``Accept`` headers would
+    otherwise hold hundreds of MB); longer ones are computed every time."""
+
+    def decorate(function: F) -> F:
+        cached = functools.lru_cache(maxsize=maxsize)(function)
+
+        @functools.wraps(function)
+        def call(key: Any, *args: Any) -> Any:
+            return cached(key, *args) if len(key) <= SHORT else function(key, *args)
+
+        return call  # type: ignore[return-value]
+
+    return decorate
+
+
+@cache_short(256)
 def bare(media_type: str) -> str:
     """``'Application/X-NPY; charset=binary'`` -> ``'application/x-npy'``."""
     return media_type.split(";", 1)[0].strip().lower()
@@ -151,7 +174,7 @@ def _range(media_range: str, quality: float) -> tuple[str, str, float]:
     return type_, subtype or "*", quality
 
 
-@functools.lru_cache(maxsize=256)
+@cache_short(256)
 def _parse_accept(accept: str) -> Ranges:
     ranges = []
     for item in accept.split(","):
@@ -170,7 +193,7 @@ def _parse_accept(accept: str) -> Ranges:
     return tuple(ranges)
 
 
-@functools.lru_cache(maxsize=256)
+@cache_short(256)  # a MIMEAccept's length is its count of media ranges
 def _parsed_ranges(accept: tuple[tuple[str, float], ...]) -> Ranges:
     """The ranges of an Accept value parsed already (werkzeug's MIMEAccept: (value, q) pairs)."""
     return tuple(_range(value, quality) for value, quality in accept) or _parse_accept("*/*")

@@ -21,8 +21,18 @@ def _rows(obj: Any) -> list[Any]:
         values = json.as_lists(obj)
         if obj.ndim == 0:
             return [[values]]
-        return [row if isinstance(row, list) else [row] for row in values]
+        return [list(row) if isinstance(row, (list, tuple)) else [row] for row in values]
     return [list(row) if isinstance(row, (list, tuple, np.ndarray)) else [row] for row in obj]
+
+
+#: NumPy kinds CSV can write as text: bool, integers, floats, complex, timedeltas, datetimes, str.
+_CSV_KINDS = frozenset("biufcmMU")
+
+
+def _writable(array: np.ndarray[Any, Any]) -> bool:
+    if array.dtype.names is not None:
+        return all(_writable(array[name]) for name in array.dtype.names)
+    return array.dtype.kind in _CSV_KINDS or json.array_is_jsonable(array)
 
 
 def _number(cell: str) -> float | None:
@@ -76,5 +86,5 @@ class CSVCodec(Codec):
 
     def can_encode(self, obj: Any) -> bool:
         if isinstance(obj, np.ndarray):
-            return obj.ndim <= 2 and (not obj.dtype.hasobject or json.has_plain_cells(obj))
+            return obj.ndim <= 2 and _writable(obj)
         return isinstance(obj, (list, tuple))

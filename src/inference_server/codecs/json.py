@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json as stdjson
+import re
 from typing import Any
 
 import numpy as np
@@ -44,26 +45,78 @@ def has_plain_cells(array: np.ndarray[Any, Any]) -> bool:
 
 
 def as_lists(array: np.ndarray[Any, Any]) -> Any:
-    """Nested lists of plain Python values (an object array's bytes as UTF-8 strings); nothing is unpickled."""
+    """Nested lists of plain Python values (bytes as UTF-8 strings); nothing is unpickled."""
+    if array.dtype.kind == "S":
+        array = array.astype(object)
     if array.dtype.hasobject:
         return _cells(array).tolist() if array.ndim else _cell(array.item())
     return array.tolist()
 
 
+#: Most nesting of arrays and objects a JSON body may have: orjson writes at most this many levels, so a deeper
+#: body could never be answered in JSON (decoding refuses it with 400 instead).
+MAX_DEPTH = 255
+#: NumPy kinds JSON can carry: bool, integers, floats, datetimes (ISO 8601 strings), str; bytes when UTF-8.
+_JSON_KINDS = frozenset("biufMU")
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+
+
+def array_is_jsonable(array: np.ndarray[Any, Any]) -> bool:
+    """Whether JSON can carry ``array``: not complex, timedelta or raw void; structured arrays field by field."""
+    dtype = array.dtype
+    if dtype.names is not None:
+        return all(array_is_jsonable(array[name]) for name in dtype.names)
+    if dtype.kind in _JSON_KINDS:
+        return True
+    if dtype.kind == "S":
+        return has_plain_cells(array.astype(object))
+    return dtype.kind == "O" and has_plain_cells(array)
+
+
 def default(obj: Any) -> Any:
-    """What orjson cannot encode natively: non-contiguous, unusual or object arrays, NumPy scalars."""
-    if isinstance(obj, np.ndarray) and (not obj.dtype.hasobject or has_plain_cells(obj)):
+    """What orjson cannot encode natively: non-contiguous, big-endian, unusual or object arrays, NumPy scalars,
+    bytes (as UTF-8 text)."""
+    if isinstance(obj, np.ndarray) and array_is_jsonable(obj):
         return as_lists(obj)
     if isinstance(obj, np.generic):
         return obj.item()
+    if isinstance(obj, bytes):
+        return obj.decode()
     raise TypeError(f"cannot send a {type(obj).__name__} as JSON")
+
+
+def _native(obj: Any) -> Any:
+    """``obj`` with big-endian arrays (which orjson refuses outright, before ``default``) in native byte order."""
+    if isinstance(obj, np.ndarray) and obj.dtype.byteorder not in "=|":
+        return obj.astype(obj.dtype.newbyteorder("="))
+    if isinstance(obj, dict):
+        return {key: _native(value) for key, value in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_native(value) for value in obj]
+    return obj
+
+
+def depth(data: Buffer) -> int:
+    """How deeply arrays and objects nest in a JSON text (strings skipped), counted at C speed."""
+    text = bytes(data)
+    if text.count(b"[") + text.count(b"{") <= MAX_DEPTH:
+        return 0  # cannot be too deep: the common case costs two counts
+    codes = np.frombuffer(_STRING.sub(b"", text), dtype=np.uint8)
+    opens = (codes == ord("[")) | (codes == ord("{"))
+    closes = (codes == ord("]")) | (codes == ord("}"))
+    return int(np.cumsum(opens.astype(np.int64) - closes).max(initial=0))
 
 
 def dumps(obj: Any, nan: str = "null") -> bytes:
     """One JSON document; NaN and infinities become ``null`` (strict JSON), ``NaN`` / ``Infinity`` tokens
     (``nan="literal"``, as Python's json and pandas write and read them), or an :class:`EncodeError` (``"error"``)."""
     if nan == "null":
-        return orjson.dumps(obj, default=default, option=OPTIONS)
+        try:
+            return orjson.dumps(obj, default=default, option=OPTIONS)
+        except orjson.JSONEncodeError as exc:
+            if "native-endianness" not in str(exc):
+                raise
+            return orjson.dumps(_native(obj), default=default, option=OPTIONS)
     try:  # the standard library writes the tokens, or refuses them; arrays go through default() as lists
         text = stdjson.dumps(obj, default=default, allow_nan=nan == "literal", separators=(",", ":"))
     except ValueError:
@@ -75,11 +128,16 @@ def dumps(obj: Any, nan: str = "null") -> bytes:
 
 
 def loads(data: Buffer, what: str = "JSON") -> Any:
-    """Parse one JSON document, raising DecodeError with orjson's position of the problem."""
+    """Parse one JSON document, raising DecodeError with orjson's position of the problem, or for nesting deeper
+    than :data:`MAX_DEPTH`."""
     try:
-        return orjson.loads(data)
+        value = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
         raise DecodeError(f"invalid {what}: {exc}") from None
+    nesting = depth(data)
+    if nesting > MAX_DEPTH:
+        raise DecodeError(f"{what} nests {nesting} levels deep; at most {MAX_DEPTH} are accepted")
+    return value
 
 
 class JSONCodec(Codec):
@@ -95,7 +153,7 @@ class JSONCodec(Codec):
 
     def can_encode(self, obj: Any) -> bool:
         if isinstance(obj, np.ndarray):
-            return not obj.dtype.hasobject or has_plain_cells(obj)
+            return array_is_jsonable(obj)
         return not isinstance(obj, (bytes, bytearray, memoryview)) and type(obj).__module__.split(".")[0] not in (
             "pyarrow",
             "pandas",

@@ -34,5 +34,5 @@ class JSONLinesCodec(Codec):
 
     def can_encode(self, obj: Any) -> bool:
         if isinstance(obj, np.ndarray):
-            return obj.ndim >= 1 and (not obj.dtype.hasobject or json.has_plain_cells(obj))
+            return obj.ndim >= 1 and json.array_is_jsonable(obj)
         return isinstance(obj, (list, tuple))

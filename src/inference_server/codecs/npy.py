@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from inference_server.codecs._registry import Buffer, Codec, Limits
+from inference_server.codecs._registry import Buffer, Codec, Limits, cache_short
 from inference_server.errors import DecodeError
 
 MEDIA_TYPE = "application/x-npy"
@@ -36,10 +36,19 @@ def _make_dtype(descr: Any) -> np.dtype[Any]:
         raise DecodeError("npy data of object dtype is refused: it would need unpickling")
     if dtype.subdtype is not None:
         raise DecodeError(f"npy header has a sub-array dtype {descr!r}; np.save never writes one")
+    if dtype.itemsize == 0:  # any element count fits in no bytes: a few bytes could declare billions
+        raise DecodeError(f"npy header has a dtype of zero size {descr!r}: it carries no data")
+    if dtype.names is not None:
+        try:
+            dtype.descr  # noqa: B018  (raises for fields that overlap or are out of order)
+        except ValueError:
+            raise DecodeError(
+                "npy header has a structured dtype with overlapping fields; np.save never writes one"
+            ) from None
     return dtype
 
 
-_dtype = functools.lru_cache(maxsize=512)(_make_dtype)
+_dtype = cache_short(512)(_make_dtype)
 
 
 def _listify(descr: Any) -> Any:
@@ -51,7 +60,7 @@ def _listify(descr: Any) -> Any:
     return descr
 
 
-@functools.lru_cache(maxsize=1024)
+@cache_short(1024)
 def _layout(raw: bytes, utf8: bool) -> tuple[np.dtype[Any], bool, tuple[int, ...], int]:
     """dtype, fortran order, shape and element count of a raw header; cached, as a server sees the same few
     headers again and again."""

@@ -8,6 +8,7 @@ arrays' own memory. The result is a plain ``dict[str, ndarray]`` in archive orde
 
 from __future__ import annotations
 
+import itertools
 import struct
 import zlib
 from collections.abc import Iterator, Mapping
@@ -141,6 +142,12 @@ def decode_npz(data: Buffer, limits: Limits) -> dict[str, np.ndarray[Any, Any]]:
     """Decode an ``.npz`` body into a dict of arrays, in archive order."""
     view = memoryview(data).cast("B")
     members = list(_directory(view, limits))
+    spans = sorted(
+        (member.offset, member.offset + _LOCAL.size + member.compressed_size, member.name) for member in members
+    )
+    for (_, end, name), (start, _, other) in itertools.pairwise(spans):
+        if start < end:  # one stored member listed 1,024 times would decode to 1,024 arrays from one body
+            raise DecodeError(f"npz members {name!r} and {other!r} overlap in the body; each must have its own bytes")
     inflated = sum(member.size for member in members if member.method != _STORED)
     if inflated > limits.max_decompressed_bytes:
         raise DecodeError(

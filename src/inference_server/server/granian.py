@@ -24,8 +24,8 @@ import time
 from typing import Any
 
 from granian import _signals as granian_signals
-from granian.constants import Interfaces
-from granian.http import HTTP1Settings
+from granian.constants import HTTPModes, Interfaces
+from granian.http import HTTP1Settings, HTTP2Settings
 from granian.log import LogLevels
 from granian.server.mp import MPServer, WorkerProcess
 
@@ -36,6 +36,8 @@ from inference_server.server import _drain, _port, _state, load_model, server_th
 
 logger = logging.getLogger("inference_server")
 
+#: Streams one HTTP/2 connection may have open at once (``--http2``).
+MAX_HTTP2_STREAMS = 100
 #: Seconds a replaced worker goes on serving while its successor loads the model, at most.
 _READY_WAIT = 120.0
 
@@ -71,7 +73,7 @@ def granian_app() -> App:
 
     granian writes any bytes-like body item, so the app hands it the arrays' own memory (no copy)."""
     settings = Settings.from_env()
-    app = App(settings, _plugins.manager(), bytes_only=False)
+    app = App(settings, _plugins.manager(), bytes_only=False, read_on_server_thread=True)
     app.worker = _state.Worker.attach(_state.recycle_by_supervisor, settings.max_requests, settings.max_requests_jitter)
     if app.worker is not None:
         _stop_only_when_asked(app.worker)
@@ -135,6 +137,10 @@ class Server(MPServer):
             interface=Interfaces.WSGI,
             workers=settings.workers,
             blocking_threads=server_threads(settings),
+            http=HTTPModes.auto if settings.http2 else HTTPModes.http1,
+            http2_settings=HTTP2Settings(
+                max_concurrent_streams=MAX_HTTP2_STREAMS, max_headers_size=settings.max_header_bytes
+            ),
             http1_settings=HTTP1Settings(
                 header_read_timeout=min(settings.read_timeout, 60) * 1000,
                 keep_alive=True,
