@@ -42,14 +42,15 @@ def test_every_class_is_an_inference_server_error_in_its_place() -> None:
         assert issubclass(cls, ValueError) == value_error, name
 
 
-def test_http_errors_carry_their_status_and_are_werkzeugs() -> None:
-    """HTTP errors have a class-level ``code`` and are werkzeug HTTPExceptions (hooks may raise either)."""
+def test_http_errors_carry_their_status_and_message() -> None:
+    """HTTP errors have a class-level ``code``, a default message and the given one as ``description`` and ``str``."""
     for name, (_, code, _) in TREE.items():
         cls = getattr(errors, name)
-        assert issubclass(cls, werkzeug.exceptions.HTTPException) == (code is not None or cls is errors.HTTPError)
+        assert not issubclass(cls, werkzeug.exceptions.HTTPException), name
         if code is not None:
             assert cls.code == code, name
-            assert cls("why").description == "why"
+            assert cls("why").description == str(cls("why")) == "why"
+            assert cls().description, name
 
 
 def test_the_docstring_draws_every_class() -> None:

@@ -24,6 +24,7 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
         f"{OURS}._hookspecs",
         f"{OURS}.default_plugin",
         "pluggy",
+        "werkzeug",
         *SERVERS,
     ),
     f"{OURS}.client": (
@@ -34,6 +35,7 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
         f"{OURS}._hookspecs",
         f"{OURS}.default_plugin",
         "pluggy",
+        "werkzeug",
         *SERVERS,
     ),
     f"{OURS}._pipeline": (f"{OURS}._app", f"{OURS}.server", f"{OURS}.cli", *SERVERS),

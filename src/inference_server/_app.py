@@ -28,6 +28,7 @@ from inference_server.errors import (
     BadRequest,
     GatewayTimeout,
     HookError,
+    HTTPError,
     PayloadTooLarge,
     RequestTimeout,
     ServiceUnavailable,
@@ -288,7 +289,7 @@ def _error_for(exc: Exception, request_id: str, environ: WSGIEnvironment, debug:
     The 500's message names the failing hook and its exception's class, never the exception's message or traceback
     (they may hold request data) unless ``debug``.
     """
-    if isinstance(exc, werkzeug.exceptions.HTTPException):
+    if isinstance(exc, (HTTPError, werkzeug.exceptions.HTTPException)):
         return _error_reply(exc, request_id)
     where = f"{environ['REQUEST_METHOD']} {environ.get('PATH_INFO')}"
     if isinstance(exc, HookError):
@@ -305,10 +306,11 @@ def _error_for(exc: Exception, request_id: str, environ: WSGIEnvironment, debug:
     return _json_reply(500, answer)
 
 
-def _error_reply(exc: werkzeug.exceptions.HTTPException, request_id: str) -> Reply:
+def _error_reply(exc: HTTPError | werkzeug.exceptions.HTTPException, request_id: str) -> Reply:
     status = exc.code or 500
     _, headers, body = _json_reply(status, {"message": exc.description, "request_id": request_id, "status": status})
-    headers.extend((k, v) for k, v in exc.get_headers() if k.lower() != "content-type")
+    if isinstance(exc, werkzeug.exceptions.HTTPException):  # werkzeug's own may carry headers (405's Allow)
+        headers.extend((k, v) for k, v in exc.get_headers() if k.lower() != "content-type")
     return status, headers, body
 
 

@@ -17,7 +17,7 @@ from werkzeug.datastructures import MIMEAccept
 
 from inference_server import _model, _plugins, codecs, default_plugin
 from inference_server._settings import BatchStrategy, Settings
-from inference_server.errors import ConfigurationError, HookError, ModelLoadError
+from inference_server.errors import ConfigurationError, HookError, HTTPError, ModelLoadError
 
 logger = logging.getLogger("inference_server")
 
@@ -110,9 +110,7 @@ class Pipeline:
             prediction = self._predict_fn(data=data, model=model)
             hook = "output_fn"
             return _output(self._output_fn(prediction=prediction, accept=parse_accept(accept)))
-        except werkzeug.exceptions.HTTPException:
-            raise
-        except HookError:
+        except (HTTPError, HookError, werkzeug.exceptions.HTTPException):
             raise
         except Exception as exc:
             raise HookError(hook, exc, hint=_bytes_hint(body, data, content_type)) from exc

@@ -7,7 +7,7 @@ Catch :class:`InferenceServerError` for anything this package raises on purpose:
     ├── PluginError                       a plugin failed to import, or a hook does not match its spec
     ├── PredictionError                   the client: a server or endpoint answered with an error status
     ├── HookError                         a hook (the model's code) failed while answering a request: 500
-    └── HTTPError (werkzeug HTTPException) an answer with a status, raised on the request path
+    └── HTTPError                         an answer with a status (``code``) and a message (``description``)
         ├── BadRequest            400
         │   └── DecodeError (ValueError)  a body the built-in codecs cannot decode
         ├── RequestTimeout        408   the client took longer than the read timeout to send its request
@@ -20,13 +20,14 @@ Catch :class:`InferenceServerError` for anything this package raises on purpose:
         │   └── ModelLoadError    503   model_fn raised; the reason is in the log
         └── GatewayTimeout        504   handling the request took longer than the timeout
 
-A hook may raise any :class:`werkzeug.exceptions.HTTPException` (these included) to choose the status of the
-response; the message is its ``description``.
+A hook may raise these, or any :class:`werkzeug.exceptions.HTTPException` (as in inference-server 1.x), to choose the
+status of the response; the message is its ``description``. They are not werkzeug's classes, so that the client and
+the codecs load no part of werkzeug.
 """
 
 from __future__ import annotations
 
-import werkzeug.exceptions
+from typing import ClassVar
 
 __all__ = [
     "BadRequest",
@@ -87,48 +88,83 @@ class HookError(InferenceServerError):
         super().__init__(self.summary)
 
 
-class HTTPError(InferenceServerError, werkzeug.exceptions.HTTPException):
-    """An error that becomes an HTTP response with the class's ``code``."""
+class HTTPError(InferenceServerError):
+    """An error that becomes an HTTP response with the class's ``code``; ``description`` is its message."""
+
+    code: ClassVar[int] = 500
+    description: str = "The server could not answer the request."
+
+    def __init__(self, description: str | None = None) -> None:
+        if description is not None:
+            self.description = description
+        super().__init__(self.description)
 
 
-class BadRequest(HTTPError, werkzeug.exceptions.BadRequest):
+class BadRequest(HTTPError):
     """400: the request is malformed."""
+
+    code = 400
+    description = "The request is malformed."
 
 
 class DecodeError(BadRequest, ValueError):
     """400: the body is not valid for its declared media type."""
 
 
-class RequestTimeout(HTTPError, werkzeug.exceptions.RequestTimeout):
+class RequestTimeout(HTTPError):
     """408: the client did not send its whole request within the read timeout."""
 
+    code = 408
+    description = "The request was not received in time."
 
-class PayloadTooLarge(HTTPError, werkzeug.exceptions.RequestEntityTooLarge):
+
+class PayloadTooLarge(HTTPError):
     """413: the body is larger than ``MaxPayloadInMB``."""
 
+    code = 413
+    description = "The body is too large."
 
-class URITooLong(HTTPError, werkzeug.exceptions.RequestURITooLarge):
+
+class URITooLong(HTTPError):
     """414: the request's path and query are longer than the server accepts."""
 
+    code = 414
+    description = "The path and query are too long."
 
-class UnsupportedMediaType(HTTPError, werkzeug.exceptions.UnsupportedMediaType):
+
+class UnsupportedMediaType(HTTPError):
     """415: no decoder for the request's ``Content-Type``."""
 
+    code = 415
+    description = "The body's media type is not supported."
 
-class NotAcceptable(HTTPError, werkzeug.exceptions.NotAcceptable):
+
+class NotAcceptable(HTTPError):
     """406: no encoding of the prediction is acceptable to the client."""
 
+    code = 406
+    description = "No acceptable representation of the answer exists."
 
-class EncodeError(HTTPError, werkzeug.exceptions.InternalServerError):
+
+class EncodeError(HTTPError):
     """500: no codec can encode the prediction at all; the message names the prediction's type, not its data."""
 
+    code = 500
+    description = "The prediction could not be encoded."
 
-class ServiceUnavailable(HTTPError, werkzeug.exceptions.ServiceUnavailable):
+
+class ServiceUnavailable(HTTPError):
     """503: the model is not loaded or not healthy."""
 
+    code = 503
+    description = "The model is not available."
 
-class GatewayTimeout(HTTPError, werkzeug.exceptions.GatewayTimeout):
+
+class GatewayTimeout(HTTPError):
     """504: handling the request took longer than the server's timeout; the work was stopped or abandoned."""
+
+    code = 504
+    description = "The request took longer than the server's timeout."
 
 
 class ModelLoadError(ServiceUnavailable):
