@@ -84,6 +84,7 @@ class App:
         *,
         bytes_only: bool = True,
         read_on_server_thread: bool = False,
+        check_head: bool = False,
     ) -> None:
         self.settings = settings
         self.pm = pm
@@ -93,6 +94,12 @@ class App:
         #: called from a thread of ours, stalls the whole worker while the client is slow to send). The body then has
         #: no deadline of ours (no 408) and ``--timeout`` counts from its arrival.
         self.read_on_server_thread = read_on_server_thread
+        #: Check the head here as RFC 9112 asks, for servers that do not: one Host header (none at all is an error
+        #: in HTTP/1.1), and a header section within ``--max-header-bytes`` (granian's own bound is loose: a head
+        #: that arrives in one large read passes up to about twice the size).
+        self.check_head = check_head
+        #: Sends ``100 Continue`` when the server leaves it to the app (gunicorn: only once the body is wanted).
+        self.send_continue: Callable[[WSGIEnvironment], None] | None = None
         self.pipeline = Pipeline(settings, pm)
         self.execution_parameters = self.pipeline.execution_parameters
         self._routes: dict[str, dict[str, Handler]] = {
@@ -125,7 +132,7 @@ class App:
             status, headers, body = _error_for(exc, request_id, environ, self.settings.debug)
         headers.append(("X-Request-Id", request_id))
         custom_attributes = environ.get("HTTP_X_AMZN_SAGEMAKER_CUSTOM_ATTRIBUTES")
-        if custom_attributes is not None and not any(k.lower() == CUSTOM_ATTRIBUTES.lower() for k, _ in headers):
+        if custom_attributes and not any(k.lower() == CUSTOM_ATTRIBUTES.lower() for k, _ in headers):
             headers.append((CUSTOM_ATTRIBUTES, custom_attributes))
         start_response(_STATUS_LINES.get(status, f"{status} Unknown"), headers)
         if method == "HEAD":
@@ -138,6 +145,17 @@ class App:
         path = environ.get("PATH_INFO") or "/"
         if len(path) + len(environ.get("QUERY_STRING", "")) > MAX_URL_BYTES:
             raise URITooLong(f"the path and query are longer than {MAX_URL_BYTES} bytes")
+        if self.check_head:
+            host = environ.get("HTTP_HOST")
+            if host is None and environ.get("SERVER_PROTOCOL") == "HTTP/1.1":
+                raise BadRequest("an HTTP/1.1 request must have a Host header (RFC 9112, section 3.2)")
+            if host is not None and "," in host:  # granian joins repeated headers with commas
+                raise BadRequest("a request must have one Host header, not several (RFC 9112, section 3.2)")
+            size = sum([len(k) + len(v) for k, v in environ.items() if k[:5] == "HTTP_"])  # ~ the header section
+            if size > self.settings.max_header_bytes:
+                raise werkzeug.exceptions.RequestHeaderFieldsTooLarge(
+                    f"the headers are larger than {self.settings.max_header_bytes} bytes (--max-header-bytes)"
+                )
         methods = self._routes.get(path)
         if methods is None and path.startswith("/endpoints/") and path.endswith("/invocations"):
             methods = {"POST": self._runtime_invocations}  # SageMaker Runtime's InvokeEndpoint, any endpoint name
@@ -209,7 +227,7 @@ class App:
         """Invoke on a helper thread and answer 408 or 504 if it overruns ``--read-timeout`` or ``--timeout``."""
         if self._timeout is None:
             return self._invoke(environ, None)
-        body = read_body(environ, self.pipeline.max_body) if self.read_on_server_thread else None
+        body = read_body(environ, self.pipeline.max_body, self.send_continue) if self.read_on_server_thread else None
         call = _deadlines.Call()
         start = time.monotonic()
         limit = min(self._timeout, self.settings.read_timeout)
@@ -245,7 +263,7 @@ class App:
 
     def _invoke(self, environ: WSGIEnvironment, call: _deadlines.Call | None, body: bytearray | None = None) -> Reply:
         if body is None:
-            body = read_body(environ, self.pipeline.max_body)
+            body = read_body(environ, self.pipeline.max_body, self.send_continue)
         model = self.model()
         content_type = environ.get("CONTENT_TYPE")
         if not content_type:
@@ -314,13 +332,20 @@ def _error_reply(exc: HTTPError | werkzeug.exceptions.HTTPException, request_id:
     return status, headers, body
 
 
-def read_body(environ: WSGIEnvironment, limit: int | None) -> bytearray:
+def read_body(
+    environ: WSGIEnvironment, limit: int | None, send_continue: Callable[[WSGIEnvironment], None] | None = None
+) -> bytearray:
     """Read the request body into one buffer, refusing bodies over ``limit`` bytes with 413.
 
     With a ``Content-Length`` the buffer is allocated once and a body over the limit is refused before any of it is
-    read; a chunked body grows in large steps and is refused as soon as it passes the limit.
+    read; a chunked body grows in large steps and is refused as soon as it passes the limit. ``send_continue`` is
+    called, for a client that sent ``Expect: 100-continue``, once the body is going to be read (not before a 413).
     """
     stream = environ["wsgi.input"]
+    if send_continue is not None and environ.get("HTTP_EXPECT", "").lower() == "100-continue":
+        length_header = environ.get("CONTENT_LENGTH")
+        if not (limit is not None and length_header and length_header.isdigit() and int(length_header) > limit):
+            send_continue(environ)
     length_header = environ.get("CONTENT_LENGTH")
     if length_header:
         try:

@@ -255,7 +255,9 @@ class Settings:
         "granian",
         "INFERENCE_SERVER_BACKEND",
         _server,
-        "HTTP server: granian, fastest for real-time requests, or gunicorn, faster and leaner for bodies of many MB",
+        "HTTP server: granian, fastest for real-time requests, or gunicorn, faster and leaner for bodies of many MB "
+        "(each slow client holds one of its threads: put it behind a proxy that buffers requests, as SageMaker's "
+        "front end does, when clients are not trusted)",
         choices=SERVERS,
     )
     log_level: str = _variable(

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import resource
 import sys
 
 from inference_server import _logging, _model, _plugins
@@ -32,6 +33,8 @@ KEEPALIVE = 65
 #: Server threads per worker beyond the model's own (``--threads``): /ping and requests waiting for the model must
 #: not queue inside the server, where they could neither be answered quickly nor be counted while draining.
 EXTRA_SERVER_THREADS = 32
+#: The soft limit of open files asked for when the hard limit is unlimited.
+FILE_LIMIT = 65536
 
 
 def server_threads(settings: Settings) -> int:
@@ -74,6 +77,20 @@ def _cannot_start(reason: str) -> int:
     return 1
 
 
+def _raise_file_limit() -> None:
+    """Let the workers hold as many connections as the system allows: the soft limit of open files up to the hard one.
+
+    Many systems start processes with a soft limit of 1,024, which slow clients reach long before the server's own
+    connection limit; what a container runtime sets as the hard limit is the operator's decision.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard > soft:
+        wanted = hard if hard != resource.RLIM_INFINITY else max(soft, FILE_LIMIT)
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+    logger.debug("open files: at most %d per process", resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+
+
 def serve(settings: Settings) -> int:
     """Check the plugins and settings, then serve until SIGTERM; return the exit status (1 if the drain timed out)."""
     _logging.configure(settings.log_level_number)
@@ -86,6 +103,7 @@ def serve(settings: Settings) -> int:
     if problem is not None:
         return _cannot_start(problem)
     _log_summary(app)
+    _raise_file_limit()
     if settings.server == "granian":
         from inference_server.server import granian
 

@@ -21,6 +21,8 @@ logger = logging.getLogger("inference_server")
 
 #: How often the serving process checks whether a drain has finished or a new worker is ready.
 POLL = 0.05
+#: Seconds to wait for killed workers to exit before exiting anyway.
+REAP_WAIT = 2.0
 
 
 class Drain:
@@ -57,5 +59,20 @@ class Drain:
         for pid in pids:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
+        _reap(pids, time.monotonic() + REAP_WAIT)  # gone when we exit, not shortly after
         self.supervisor.close()
         os._exit(128 + signum)
+
+
+def _reap(pids: list[int], deadline: float) -> None:
+    """Wait until the killed children ``pids`` have exited (and reap them), or ``deadline`` passes."""
+    waiting = set(pids)
+    while waiting and time.monotonic() < deadline:
+        for pid in list(waiting):
+            try:
+                if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                    waiting.discard(pid)
+            except ChildProcessError:  # not ours, or reaped already
+                waiting.discard(pid)
+        if waiting:
+            time.sleep(0.01)

@@ -36,6 +36,11 @@ from inference_server.server import _drain, _port, _state, load_model, server_th
 
 logger = logging.getLogger("inference_server")
 
+#: Connections one worker holds at once (granian's ``backpressure``); more wait in the listen queue. Slow or idle
+#: clients each hold one until ``--read-timeout``; /ping must still get through thousands of them.
+MAX_CONNECTIONS = 8192
+#: The listen queue (the kernel caps it at ``net.core.somaxconn``).
+BACKLOG = 4096
 #: Streams one HTTP/2 connection may have open at once (``--http2``).
 MAX_HTTP2_STREAMS = 100
 #: Seconds a replaced worker goes on serving while its successor loads the model, at most.
@@ -73,7 +78,7 @@ def granian_app() -> App:
 
     granian writes any bytes-like body item, so the app hands it the arrays' own memory (no copy)."""
     settings = Settings.from_env()
-    app = App(settings, _plugins.manager(), bytes_only=False, read_on_server_thread=True)
+    app = App(settings, _plugins.manager(), bytes_only=False, read_on_server_thread=True, check_head=True)
     app.worker = _state.Worker.attach(_state.recycle_by_supervisor, settings.max_requests, settings.max_requests_jitter)
     if app.worker is not None:
         _stop_only_when_asked(app.worker)
@@ -137,6 +142,8 @@ class Server(MPServer):
             interface=Interfaces.WSGI,
             workers=settings.workers,
             blocking_threads=server_threads(settings),
+            backlog=BACKLOG,
+            backpressure=MAX_CONNECTIONS,
             http=HTTPModes.auto if settings.http2 else HTTPModes.http1,
             http2_settings=HTTP2Settings(
                 max_concurrent_streams=MAX_HTTP2_STREAMS, max_headers_size=settings.max_header_bytes

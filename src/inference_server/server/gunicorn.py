@@ -1,18 +1,33 @@
 """The gunicorn backend: its threaded worker, with the drain and worker recycling of :mod:`inference_server.server`.
 
-gunicorn's own arbiter is subclassed for the drain (``handle_term``, ``handle_int``, ``wait_for_signals``,
-``manage_workers``, ``kill_worker``, ``stop``, ``kill_workers``, ``WORKERS``) and its threaded worker for SIGTERM
-(``handle_exit``); ``post_worker_init`` loads the model while telling the arbiter the worker is alive. Tested with
-gunicorn 27.
+What of gunicorn is subclassed or replaced (tested with gunicorn 27):
+
+- the arbiter, for the drain: ``handle_term``, ``handle_int``, ``wait_for_signals``, ``manage_workers``,
+  ``kill_worker``, ``stop``, ``kill_workers``, ``WORKERS``;
+- the threaded worker: ``handle_exit`` (SIGTERM), ``handle`` (socket timeouts), ``handle_error`` (error bodies,
+  rewriting the page ``gunicorn.util.write_error`` writes);
+- the request class, installed as ``RequestParser.mesg_class``: ``max_buffer_headers`` (the whole header section
+  bounded) and ``_expected_100_continue`` (``100 Continue`` left to the app);
+- ``post_worker_init`` loads the model while telling the arbiter the worker is alive.
 """
 
 from __future__ import annotations
 
+import contextlib
+import html
+import json
 import logging
+import random
+import re
 import signal
+import socket
+import struct
 import threading
 from typing import Any
 
+import gunicorn.http.message
+import gunicorn.http.parser
+import gunicorn.util
 from gunicorn.app.base import BaseApplication
 from gunicorn.arbiter import Arbiter
 from gunicorn.errors import HaltServer
@@ -43,12 +58,93 @@ class Worker(ThreadWorker):  # type: ignore[misc]
     requests in flight (new ones get 503) until the arbiter stops it.
     """
 
+    def handle(self, conn: Any) -> Any:
+        """Serve a connection whose client cannot hold a thread forever by not reading (or not sending).
+
+        ``SO_SNDTIMEO`` / ``SO_RCVTIMEO`` of ``--read-timeout``: a send or a receive that makes no progress for that
+        long fails and gunicorn closes the connection; a client that reads slowly but steadily is not cut off.
+        """
+        if not getattr(conn, "timeouts_set", False):
+            seconds = self.wsgi.settings.read_timeout
+            timeval = struct.pack("ll", seconds, 0)
+            with contextlib.suppress(OSError):
+                conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval)
+                conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval)
+            conn.timeouts_set = True
+        return super().handle(conn)
+
+    def handle_error(self, req: Any, client: Any, addr: Any, exc: BaseException) -> None:
+        """gunicorn's own refusals (a request it cannot parse, headers over the limits) in our JSON error shape.
+
+        gunicorn decides the status and logs as usual; its HTML page is captured and rewritten.
+        """
+        page = _Captured()
+        super().handle_error(req, page, addr, exc)
+        head, _, html_page = bytes(page.data).decode("latin-1").partition("\r\n\r\n")
+        parts = head.split(" ", 2)
+        status = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 500
+        reason = parts[2].split("\r\n", 1)[0] if len(parts) > 2 else "Error"
+        found = re.search(r"</h1>(.*)</body>", html_page, re.S)
+        message = html.unescape(found.group(1)).strip() if found else ""
+        if status >= 500:
+            message = "the server failed to handle the request; see its log"
+        request_id = f"{random.getrandbits(128):032x}"
+        body = json.dumps({"message": message or reason, "request_id": request_id, "status": status}).encode()
+        head = (
+            f"HTTP/1.1 {status} {reason}\r\nConnection: close\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nX-Request-Id: {request_id}\r\n\r\n"
+        )
+        with contextlib.suppress(OSError):
+            gunicorn.util.write_nonblock(client, head.encode("latin-1") + body)
+
     def handle_exit(self, sig: int, frame: Any) -> None:
         state = getattr(self.wsgi, "worker", None)
         if state is not None and not state.stop_requested():
             logger.info("Worker %d: SIGTERM from outside; it serves until the serving process stops it", self.pid)
             return
         super().handle_exit(sig, frame)
+
+
+class _Request(gunicorn.http.message.Request):  # type: ignore[misc]
+    """gunicorn's request, whose header section may not exceed ``--max-header-bytes`` in all (gunicorn's own bound
+    is 100 times the size of one field, and it searches the whole buffer again after each read)."""
+
+    limit = 65536
+
+    @property
+    def max_buffer_headers(self) -> int:
+        return self.limit
+
+    @max_buffer_headers.setter
+    def max_buffer_headers(self, value: int) -> None:
+        pass  # gunicorn's own bound, replaced by ours
+
+    @property
+    def _expected_100_continue(self) -> bool:
+        return False  # the app sends 100 Continue itself, once it wants the body (never before a 413)
+
+    @_expected_100_continue.setter
+    def _expected_100_continue(self, value: bool) -> None:
+        pass
+
+
+def _send_continue(environ: Any) -> None:
+    """``100 Continue`` on the client's socket, before the app reads the body it announced."""
+    with contextlib.suppress(OSError):
+        environ["gunicorn.socket"].sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
+
+
+class _Captured:
+    """A stand-in for a client socket that keeps what gunicorn writes to it."""
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+
+    def gettimeout(self) -> float:
+        return 0.0
+
+    def sendall(self, data: bytes) -> None:
+        self.data += data
 
 
 class _Arbiter(Arbiter):  # type: ignore[misc]
@@ -126,5 +222,9 @@ class GunicornServer(BaseApplication):  # type: ignore[misc]
 
 def run(app: App) -> int:
     """Serve with gunicorn until SIGTERM; gunicorn's arbiter exits the process itself with the status."""
+    _Request.limit = app.settings.max_header_bytes
+    app.send_continue = _send_continue
+    app.check_head = True  # gunicorn bounds the head too (``_Request``); the Host checks are the point
+    gunicorn.http.parser.RequestParser.mesg_class = _Request
     _Arbiter(GunicornServer(app)).run()
     return 0
