@@ -93,3 +93,73 @@ def test_a_missing_pyarrow_is_looked_for_once() -> None:
     """
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert result.stdout.strip() == "1"
+
+
+def _zstd_stream(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    options = pa.ipc.IpcWriteOptions(compression="zstd")
+    with pa.ipc.new_stream(sink, table.schema, options=options) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def test_compressed_batches_are_bounded_before_they_are_inflated() -> None:
+    """A zstd-compressed stream is refused when its buffers declare more than the decompression budget, before
+    anything is inflated; within the budget it decodes as usual."""
+    table = pa.table({"x": np.zeros(1 << 20, dtype=np.int64)})  # 8 MiB of zeros, a few KiB compressed
+    body = _zstd_stream(table)
+    assert len(body) < 64 << 10
+    assert codecs.loads(body, STREAM).equals(table)
+    with pytest.raises(DecodeError, match=r"would hold 8388608 bytes decompressed; at most 1048576"):
+        codecs.loads(body, STREAM, codecs.Limits(max_decompressed_bytes=1 << 20))
+
+
+def test_a_forged_uncompressed_length_is_refused_without_allocating() -> None:
+    """A compressed buffer whose length prefix claims 64 GiB is refused by its declaration (nothing allocated)."""
+    body = bytearray(_zstd_stream(pa.table({"x": np.zeros(1000, dtype=np.int64)})))
+    prefix = (8000).to_bytes(8, "little")
+    at = body.rindex(prefix)
+    body[at : at + 8] = (64 << 30).to_bytes(8, "little")
+    with pytest.raises(DecodeError, match=r"would hold 68719476736 bytes decompressed"):
+        codecs.loads(bytes(body), STREAM)
+
+
+def test_every_buffer_of_every_column_counts_toward_the_budget() -> None:
+    """Uncompressed batches are bounded too: each buffer a batch lists counts, as often as it is listed."""
+    column = np.arange(1 << 16, dtype=np.int64)
+    table = pa.table({f"c{i}": column for i in range(16)})  # 16 x 512 KiB, as written
+    body = _written_by_pyarrow(table, stream=True)
+    with pytest.raises(DecodeError, match=r"would hold \d+ bytes decompressed"):
+        codecs.loads(body, STREAM, codecs.Limits(max_decompressed_bytes=4 << 20))
+
+
+def test_a_file_footer_listing_one_batch_twice_is_refused() -> None:
+    """An Arrow file whose footer lists the same batch twice (one body, twice the table) is a 400 saying so."""
+    batch = pa.record_batch({"x": np.arange(1000, dtype=np.int64)})
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, batch.schema) as writer:
+        writer.write_batch(batch)
+        writer.write_batch(batch)
+    body = bytearray(sink.getvalue().to_pybytes())
+    footer_size = int.from_bytes(body[-10:-6], "little")
+    footer = bytes(body[len(body) - 10 - footer_size : len(body) - 10])
+    first = pa.ipc.open_file(pa.py_buffer(bytes(body)))
+    assert first.num_record_batches == 2
+    blocks = [footer.index(b) for b in _blocks(footer)]
+    assert len(blocks) == 2
+    start = len(body) - 10 - footer_size
+    body[start + blocks[1] : start + blocks[1] + 8] = footer[blocks[0] : blocks[0] + 8]  # second offset = first
+    with pytest.raises(DecodeError, match="footer lists batches that overlap"):
+        codecs.loads(bytes(body), FILE)
+
+
+def _blocks(footer: bytes) -> list[bytes]:
+    """The 24-byte Block structs of a footer's record batches: (offset, metadata length, pad, body length)."""
+    found = []
+    for offset in range(8, len(footer) - 24, 8):
+        start = int.from_bytes(footer[offset : offset + 8], "little")
+        metadata = int.from_bytes(footer[offset + 8 : offset + 12], "little")
+        body = int.from_bytes(footer[offset + 16 : offset + 24], "little")
+        if 8 <= start < 1 << 20 and 0 < metadata < 4096 and body == 8000:
+            found.append(footer[offset : offset + 24])
+    return found

@@ -6,9 +6,12 @@ The attacks are those of issue 12's attack run; each test names the one it pins.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import http.client
 import io
+import json
+import resource
 import socket
 import struct
 import time
@@ -216,3 +219,213 @@ def test_http2_is_refused_unless_asked_for(servers: Any) -> None:
     assert answer[3:4] != b"\x04"  # no HTTP/2 SETTINGS frame back: an HTTP/1 error or a closed connection
     http2 = servers.start("--server", "granian", "--http2", plugins=[])
     assert _raw(http2.port, preface, wait=2)[3:4] == b"\x04"  # the server's SETTINGS frame
+
+
+@contextlib.contextmanager
+def _open_files(wanted: int) -> Any:
+    """Raise this process's soft limit of open files to ``wanted`` (the test's own client sockets) for a while."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < wanted:
+        pytest.skip(f"the hard limit of open files ({hard}) is below {wanted}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, wanted), hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_thousands_of_slow_header_clients_leave_ping_answering(servers: Any) -> None:
+    """Attack 6 on granian: 2,000 slowloris connections (a header byte at a time) are held while /ping answers
+    within 2 s (before: granian stopped accepting at its 1,024-connection default)."""
+    server = servers.start("--server", "granian", plugins=[])
+    with _open_files(4096):
+        held: list[socket.socket] = []
+        try:
+            for _ in range(2000):
+                held.append(socket.create_connection(("127.0.0.1", server.port), timeout=5))
+                held[-1].sendall(b"GET /ping HTTP/1.1\r\nHo")
+            for _ in range(3):
+                for sock in held:
+                    with contextlib.suppress(OSError):
+                        sock.send(b"s")
+                _ping_fast(server)
+                time.sleep(0.5)
+        finally:
+            for sock in held:
+                sock.close()
+    _ping_fast(server)
+
+
+def test_slow_header_clients_up_to_the_thread_count_leave_ping_answering_on_gunicorn(servers: Any) -> None:
+    """Attack 6 on gunicorn, its documented limit: 30 slowloris connections (fewer than its 33 threads) leave
+    /ping answering within 2 s (each such client holds a thread; beyond them, gunicorn needs a buffering proxy)."""
+    server = servers.start("--server", "gunicorn", plugins=[])
+    held = [socket.create_connection(("127.0.0.1", server.port), timeout=5) for _ in range(30)]
+    try:
+        for _ in range(3):
+            for sock in held:
+                sock.send(b"G")
+            _ping_fast(server)
+            time.sleep(0.5)
+    finally:
+        for sock in held:
+            sock.close()
+    _ping_fast(server)
+
+
+def test_clients_that_never_read_their_answers_do_not_hold_the_worker(server: Any) -> None:
+    """Attack 6: 40 clients pipelining 5 MB echoes and never reading: /ping answers within 2 s once --read-timeout
+    (3 s) has passed, on gunicorn because a send that makes no progress for that long closes the connection
+    (before: /ping failed for as long as they stayed); granian never stops answering."""
+    body = b"x" * 5_000_000
+    request = b"POST /invocations HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+
+    def stall() -> socket.socket:
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", server.port))
+        sock.settimeout(8)
+        with contextlib.suppress(OSError):
+            for _ in range(2):
+                sock.sendall(request)
+        return sock
+
+    with concurrent.futures.ThreadPoolExecutor(40) as pool:
+        held = list(pool.map(lambda _: stall(), range(40)))
+    try:
+        time.sleep(1)
+        _ping_fast(server)
+        _ping_fast(server)
+    finally:
+        for sock in held:
+            sock.close()
+    _ping_fast(server)
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "status", "message"),
+    [
+        (b"GET /ping HTTP/9.9\r\nHost: x\r\n\r\n", 400, "HTTP Version"),
+        (b"GET /ping HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n", 400, "Bad Header"),
+        (b"GET /ping HTTP/1.1\r\nHost: x\r\nX: " + b"a" * 70_000 + b"\r\n\r\n", 431, "headers"),
+    ],
+    ids=["version", "header-line", "header-size"],
+)
+def test_gunicorns_own_refusals_have_our_json_error_body(
+    servers: Any, request_bytes: bytes, status: int, message: str
+) -> None:
+    """Attack 7: requests gunicorn refuses before the app sees them get our JSON error shape, not its HTML page."""
+    server = servers.start("--server", "gunicorn", plugins=[])
+    received = _raw(server.port, request_bytes)
+    assert _status(received) == status
+    head, _, body = received.partition(b"\r\n\r\n")
+    assert b"Content-Type: application/json" in head
+    answer = json.loads(body)
+    assert answer["status"] == status
+    assert message in answer["message"]
+    assert answer["request_id"]
+    _ping_fast(server)
+
+
+def test_a_header_section_over_the_limit_is_431_even_in_one_read(server: Any) -> None:
+    """Attack 11: 100 headers of 60 KB (6 MB, sent at once) and one of 70 KB are 431 on both backends (before:
+    gunicorn parsed 6 MB in 6 s and answered 200; granian passed heads up to about twice the limit)."""
+    many = b"".join(b"X-%d: %s\r\n" % (i, b"a" * 60_000) for i in range(100))
+    with contextlib.suppress(OSError):  # the server may close before it has read everything
+        assert _status(_raw(server.port, b"GET /ping HTTP/1.1\r\nHost: x\r\n" + many + b"\r\n")) == 431
+    one = b"GET /ping HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 70_000 + b"\r\n\r\n"
+    assert _status(_raw(server.port, one)) == 431
+    assert _status(_raw(server.port, b"GET /ping HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 60_000 + b"\r\n\r\n")) == 200
+    _ping_fast(server)
+
+
+def test_several_host_headers_are_400(server: Any) -> None:
+    """Attack 12: two Host headers are a 400 on both backends (RFC 9112); gunicorn also refuses none at all
+    (granian supplies one of its own for a request without it)."""
+    two = _raw(server.port, b"GET /ping HTTP/1.1\r\nHost: a\r\nHost: b\r\nConnection: close\r\n\r\n")
+    assert _status(two) == 400
+    if server.backend == "gunicorn":
+        assert _status(_raw(server.port, b"GET /ping HTTP/1.1\r\nConnection: close\r\n\r\n")) == 400
+    assert _status(_raw(server.port, b"GET /ping HTTP/1.0\r\n\r\n")) == 200  # HTTP/1.0 needs no Host
+
+
+def test_100_continue_only_for_a_body_that_will_be_read(server: Any) -> None:
+    """Attack 12: an over-limit body announced with Expect: 100-continue gets its 413 without a 100 Continue first
+    (before: gunicorn invited the body, then refused it); an acceptable one gets 100 Continue, then its answer."""
+    head = b"POST /invocations HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: %d\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
+        sock.sendall(head % 999_999_999)
+        assert sock.recv(100).startswith(b"HTTP/1.1 413")
+    with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
+        sock.sendall(head % 5)
+        assert sock.recv(100).startswith(b"HTTP/1.1 100 Continue\r\n\r\n")
+        sock.sendall(b"hello")
+        answer = _raw_rest(sock)
+        assert _status(answer) == 200
+        assert answer.endswith(b"hello")
+
+
+def _raw_rest(sock: socket.socket) -> bytes:
+    """What follows on a socket until a complete answer has arrived."""
+    received = b""
+    while not (b"\r\n\r\n" in received and _complete(received)):
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        received += chunk
+    return received.removeprefix(b"HTTP/1.1 100 Continue\r\n\r\n")
+
+
+def test_a_non_ascii_custom_attribute_is_never_echoed_empty(server: Any) -> None:
+    """Attack 12: a non-ASCII X-Amzn-SageMaker-Custom-Attributes (SageMaker allows ASCII only) is echoed as sent
+    on gunicorn and not at all on granian, which hands the app an empty value (before: an empty header)."""
+    request = "POST /invocations HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\n"
+    request += "X-Amzn-SageMaker-Custom-Attributes: café=1\r\n\r\nhi"
+    head = _raw(server.port, request.encode()).partition(b"\r\n\r\n")[0].lower()
+    echoed = [line for line in head.split(b"\r\n") if line.startswith(b"x-amzn-sagemaker-custom-attributes:")]
+    if server.backend == "granian":
+        assert echoed == []
+    else:
+        assert echoed == ["x-amzn-sagemaker-custom-attributes: café=1".encode()]
+
+
+@pytest.mark.parametrize("accept", ["text/csv", "application/jsonlines"])
+def test_large_arrays_as_text_stay_small_in_memory(server: Any, accept: str) -> None:
+    """Attack 11: a 6 MB uint8 .npy answered as CSV or JSON Lines (12 MB of text) leaves the worker's peak RSS
+    within 128 MiB of where it was (before: 704 and 943 MiB, a Python object per value)."""
+    body = codecs.dumps(np.arange(6_000_000, dtype=np.uint8), NPY)
+    server.request("POST", "/invocations", codecs.dumps(np.zeros(4), NPY), {"Content-Type": NPY, "Accept": accept})
+    [worker] = server.workers()
+    before = _peak_rss(worker)
+    reply = server.request("POST", "/invocations", body, {"Content-Type": NPY, "Accept": accept}, timeout=60)
+    assert reply.status == 200
+    assert reply.body.count(b"\n") == 6_000_000
+    assert reply.body.startswith(b"0\n1\n2\n")
+    assert _peak_rss(worker) - before < 128 << 20
+    _ping_fast(server)
+
+
+def _peak_rss(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM")
+
+
+def test_an_arrow_stream_declaring_more_than_the_budget_is_400(server: Any) -> None:
+    """Attack 9: a 1 KB zstd Arrow stream whose buffer claims 64 GiB decompressed is refused by its declaration
+    (before: no bound at all, an OOM kill for ~190 GB declared), and the worker's memory does not move."""
+    pa = pytest.importorskip("pyarrow")
+    sink = pa.BufferOutputStream()
+    table = pa.table({"x": np.zeros(1000, dtype=np.int64)})
+    with pa.ipc.new_stream(sink, table.schema, options=pa.ipc.IpcWriteOptions(compression="zstd")) as writer:
+        writer.write_table(table)
+    body = bytearray(sink.getvalue().to_pybytes())
+    at = body.rindex((8000).to_bytes(8, "little"))
+    body[at : at + 8] = (64 << 30).to_bytes(8, "little")
+    before = _worker_rss(server)
+    reply = server.request("POST", "/invocations", bytes(body), {"Content-Type": "application/vnd.apache.arrow.stream"})
+    assert reply.status == 400
+    assert "decompressed" in reply.json()["message"]
+    assert _worker_rss(server) - before < 32 << 20
+    _ping_fast(server)

@@ -80,6 +80,10 @@ class CSVCodec(Codec):
         return rows if numbers is None else numbers
 
     def encode(self, obj: Any) -> list[Buffer]:
+        if isinstance(obj, np.ndarray) and obj.ndim in (1, 2):
+            text = json.number_table(obj, kinds="iuf", finite_only=True)
+            if text is not None:  # integers and finite floats, as JSON writes them; the rest by the csv module
+                return [json.lines_of(text, obj.ndim, row_brackets=False)]
         out = io.StringIO()
         csv.writer(out, lineterminator="\n").writerows(_rows(obj))
         return [out.getvalue().encode()]

@@ -127,6 +127,33 @@ def dumps(obj: Any, nan: str = "null") -> bytes:
     return text.encode()
 
 
+def number_table(array: np.ndarray[Any, Any], kinds: str = "biuf", finite_only: bool = False) -> bytes | None:
+    """orjson's text of a 1-D or 2-D array of booleans or numbers (``[1,2]``, ``[[1,2],[3,4]]``), or None when the
+    array is of another kind, structured or empty, or (``finite_only``) holds NaN or infinity.
+
+    No value's text holds a comma or a bracket, so JSON Lines and CSV can cut this text into lines and cells: about
+    50 times faster than writing value by value, and without a Python object per value.
+    """
+    if array.dtype.kind not in kinds or array.dtype.names is not None or array.ndim not in (1, 2) or not array.size:
+        return None
+    if finite_only and array.dtype.kind == "f" and not np.isfinite(array).all():
+        return None
+    return dumps(array)
+
+
+_ONE_PER_LINE = bytes.maketrans(b",", b"\n")
+
+
+def lines_of(text: bytes, ndim: int, row_brackets: bool) -> bytes:
+    """:func:`number_table`'s text as lines: one value per line for 1-D, one row per line for 2-D (as a JSON array
+    with ``row_brackets``, else its values joined by commas)."""
+    if ndim == 1:
+        return text.translate(_ONE_PER_LINE, b"[]") + b"\n"
+    if row_brackets:
+        return text[1:-1].replace(b"],[", b"]\n[") + b"\n"
+    return text[2:-2].replace(b"],[", b"\n") + b"\n"
+
+
 def loads(data: Buffer, what: str = "JSON") -> Any:
     """Parse one JSON document, raising DecodeError with orjson's position of the problem, or for nesting deeper
     than :data:`MAX_DEPTH`."""

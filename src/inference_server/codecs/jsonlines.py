@@ -29,6 +29,10 @@ class JSONLinesCodec(Codec):
         return records
 
     def encode(self, obj: Any, nan: str = "null") -> list[Buffer]:
+        if isinstance(obj, np.ndarray):
+            text = json.number_table(obj, finite_only=nan != "null")
+            if text is not None:  # one value per line, or one row (a JSON array) per line
+                return [json.lines_of(text, obj.ndim, row_brackets=True)]
         records = json.as_lists(obj) if isinstance(obj, np.ndarray) and obj.dtype.hasobject else obj
         return [b"".join(json.dumps(record, nan) + b"\n" for record in records)]
 
