@@ -90,6 +90,25 @@ def test_sigterm_drains_requests_in_flight(servers: Any, backend: str) -> None:
     assert server.process.wait(20) == 0
 
 
+def test_requests_waiting_for_a_thread_at_sigterm_are_answered_on_gunicorn(servers: Any, plugin_site: Any) -> None:
+    """45 requests on one worker of 33 server threads, SIGTERM while 12 wait for a thread: all 45 are answered
+    200 (they arrived before the drain); a request sent after SIGTERM gets 503 (before: the 12 got 503 too)."""
+    plugin_site.add("slow", SLOW)
+    server = servers.start("--server", "gunicorn", "--workers", "1", "--threads", "4")
+    replies: list[Any] = []
+    clients = [threading.Thread(target=lambda: replies.append(_post(server, b"sleep 0.4"))) for _ in range(45)]
+    for client in clients:
+        client.start()
+    time.sleep(0.5)  # every connection is accepted; 33 are in the app, the rest wait for a thread
+    server.process.send_signal(signal.SIGTERM)
+    time.sleep(0.2)
+    assert _post(server, b"late").status == 503
+    for client in clients:
+        client.join(30)
+    assert sorted(reply.status for reply in replies) == [200] * 45
+    assert server.process.wait(20) == 0
+
+
 def test_second_sigterm_exits_at_once(servers: Any, backend: str) -> None:
     """A second SIGTERM during a drain kills the workers and exits at once with 128 + 15; none is left running."""
     server = servers.start("--server", backend)

@@ -67,6 +67,9 @@ class WorkerState(Protocol):
     @property
     def draining(self) -> bool: ...
 
+    @property
+    def draining_since(self) -> float: ...
+
     def enter(self) -> None: ...
 
     def leave(self) -> None: ...
@@ -100,6 +103,9 @@ class App:
         self.check_head = check_head
         #: Sends ``100 Continue`` when the server leaves it to the app (gunicorn: only once the body is wanted).
         self.send_continue: Callable[[WSGIEnvironment], None] | None = None
+        #: When the request reached the server (``time.monotonic()``), for servers that can say (gunicorn): one that
+        #: was waiting for a server thread when the drain began is answered, not refused.
+        self.arrival: Callable[[WSGIEnvironment], float | None] | None = None
         self.pipeline = Pipeline(settings, pm)
         self.execution_parameters = self.pipeline.execution_parameters
         self._routes: dict[str, dict[str, Handler]] = {
@@ -217,11 +223,17 @@ class App:
             return self._bounded(environ, request_id)
         worker.enter()
         try:
-            if worker.draining:
+            if worker.draining and not self._arrived_before(worker.draining_since, environ):
                 raise ServiceUnavailable("the server is shutting down; send the request again")
             return self._bounded(environ, request_id)
         finally:
             worker.leave()
+
+    def _arrived_before(self, moment: float, environ: WSGIEnvironment) -> bool:
+        """Whether the request had reached the server before ``moment`` (then a drain answers it), as far as the
+        server says (``arrival``); without it, requests that reach the app after the drain began are refused."""
+        arrived = self.arrival(environ) if self.arrival is not None else None
+        return arrived is not None and arrived < moment
 
     def _bounded(self, environ: WSGIEnvironment, request_id: str) -> Reply:
         """Invoke on a helper thread and answer 408 or 504 if it overruns ``--read-timeout`` or ``--timeout``."""

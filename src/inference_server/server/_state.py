@@ -1,10 +1,10 @@
 """What the serving process and its workers share: the drain flag, each worker's requests in flight, recycling.
 
 ``serve`` makes a private run directory and names it in ``INFERENCE_SERVER_RUN_DIR`` before the workers start. It
-holds ``control``, whose first byte says "draining", and one 8-byte file per worker, ``worker-PID``, counting that
-worker's requests in flight. Both are memory-mapped: a request reads the flag and updates its count without a
-system call. A worker that must be replaced (too many requests served, work stuck past its timeout) asks for it
-through ``recycle`` (set by the server backend).
+holds ``control``, whose first byte says "draining" (bytes 8 to 15: since when), and one 8-byte file per worker,
+``worker-PID``, counting that worker's requests in flight. Both are memory-mapped: a request reads the flag and
+updates its count without a system call. A worker that must be replaced (too many requests served, work stuck past
+its timeout) asks for it through ``recycle`` (set by the server backend).
 
 A SIGTERM reaches a worker from the serving process (stopping it, after writing ``stop-PID``), from the worker
 itself (recycling) or from outside: systemd, ``timeout`` and some init systems signal the whole process group. Only
@@ -34,11 +34,15 @@ RUN_DIR_ENV = "INFERENCE_SERVER_RUN_DIR"
 #: Seconds between a worker's checks that the serving process is still its parent.
 PARENT_POLL = 0.5
 _COUNT = struct.Struct("<q")
+#: The control file: the drain flag in byte 0, when the drain started (a double) in bytes 8 to 15.
+_SINCE = struct.Struct("<d")
+_CONTROL_SIZE = 16
 
 
 def _map(path: Path, *, write: bool) -> mmap.mmap:
+    """The whole file, memory-mapped."""
     with open(path, "r+b" if write else "rb") as file:
-        return mmap.mmap(file.fileno(), _COUNT.size, access=mmap.ACCESS_WRITE if write else mmap.ACCESS_READ)
+        return mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_WRITE if write else mmap.ACCESS_READ)
 
 
 class Supervisor:
@@ -46,7 +50,7 @@ class Supervisor:
 
     def __init__(self) -> None:
         self.path = Path(tempfile.mkdtemp(prefix="inference-server-"))
-        (self.path / "control").write_bytes(bytes(_COUNT.size))
+        (self.path / "control").write_bytes(bytes(_CONTROL_SIZE))
         self._control = _map(self.path / "control", write=True)
         os.environ[RUN_DIR_ENV] = str(self.path)
 
@@ -57,6 +61,7 @@ class Supervisor:
 
     def start_drain(self) -> None:
         """Tell every worker to answer ``/ping`` and new invocations with 503 from now on."""
+        _SINCE.pack_into(self._control, 8, time.monotonic())
         self._control[0] = 1
 
     def in_flight(self, pids: Iterable[int]) -> int:
@@ -141,6 +146,11 @@ class Worker:
     def draining(self) -> bool:
         """True once the server was asked to stop: new work is refused while work in flight finishes."""
         return self._control[0] == 1
+
+    @property
+    def draining_since(self) -> float:
+        """When the drain started (``time.monotonic()``, the same clock in every process); only while draining."""
+        return _SINCE.unpack_from(self._control, 8)[0]  # type: ignore[no-any-return]
 
     def enter(self) -> None:
         """A request started."""

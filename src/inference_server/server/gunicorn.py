@@ -5,7 +5,8 @@ What of gunicorn is subclassed or replaced (tested with gunicorn 27):
 - the arbiter, for the drain: ``handle_term``, ``handle_int``, ``wait_for_signals``, ``manage_workers``,
   ``kill_worker``, ``stop``, ``kill_workers``, ``WORKERS``;
 - the threaded worker: ``handle_exit`` (SIGTERM), ``handle`` (socket timeouts), ``handle_error`` (error bodies,
-  rewriting the page ``gunicorn.util.write_error`` writes);
+  rewriting the page ``gunicorn.util.write_error`` writes), ``enqueue_req`` and ``handle_request`` (when a request
+  arrived, so that one waiting for a thread when a drain begins is answered);
 - the request class, installed as ``RequestParser.mesg_class``: ``max_buffer_headers`` (the whole header section
   bounded) and ``_expected_100_continue`` (``100 Continue`` left to the app);
 - ``post_worker_init`` loads the model while telling the arbiter the worker is alive.
@@ -23,6 +24,7 @@ import signal
 import socket
 import struct
 import threading
+import time
 from typing import Any
 
 import gunicorn.http.message
@@ -97,6 +99,15 @@ class Worker(ThreadWorker):  # type: ignore[misc]
         with contextlib.suppress(OSError):
             gunicorn.util.write_nonblock(client, head.encode("latin-1") + body)
 
+    def enqueue_req(self, conn: Any) -> None:
+        """Note when the connection was accepted, or became readable again, before it waits for a thread."""
+        conn.arrived = time.monotonic()
+        super().enqueue_req(conn)
+
+    def handle_request(self, req: Any, conn: Any) -> Any:
+        _arrivals.at = getattr(conn, "arrived", None)
+        return super().handle_request(req, conn)
+
     def handle_exit(self, sig: int, frame: Any) -> None:
         state = getattr(self.wsgi, "worker", None)
         if state is not None and not state.stop_requested():
@@ -126,6 +137,14 @@ class _Request(gunicorn.http.message.Request):  # type: ignore[misc]
     @_expected_100_continue.setter
     def _expected_100_continue(self, value: bool) -> None:
         pass
+
+
+#: When the request being handled on this thread reached the worker (see ``Worker.enqueue_req``).
+_arrivals = threading.local()
+
+
+def _arrival(environ: Any) -> float | None:
+    return getattr(_arrivals, "at", None)
 
 
 def _send_continue(environ: Any) -> None:
@@ -224,6 +243,7 @@ def run(app: App) -> int:
     """Serve with gunicorn until SIGTERM; gunicorn's arbiter exits the process itself with the status."""
     _Request.limit = app.settings.max_header_bytes
     app.send_continue = _send_continue
+    app.arrival = _arrival
     app.check_head = True  # gunicorn bounds the head too (``_Request``); the Host checks are the point
     gunicorn.http.parser.RequestParser.mesg_class = _Request
     _Arbiter(GunicornServer(app)).run()
