@@ -33,6 +33,10 @@ KEEPALIVE = 65
 #: Server threads per worker beyond the model's own (``--threads``): /ping and requests waiting for the model must
 #: not queue inside the server, where they could neither be answered quickly nor be counted while draining.
 EXTRA_SERVER_THREADS = 32
+#: More server threads, for slow clients: each holds one while it trickles its headers (gunicorn) or its body (both;
+#: granian has no body timeout). Both servers start threads only when all are busy, and stop idle ones, so these
+#: cost nothing until slow clients come.
+SLOW_CLIENT_THREADS = 992
 #: The soft limit of open files asked for when the hard limit is unlimited.
 FILE_LIMIT = 65536
 

@@ -32,13 +32,15 @@ from granian.server.mp import MPServer, WorkerProcess
 from inference_server import _logging, _plugins
 from inference_server._app import App
 from inference_server._settings import Settings
-from inference_server.server import _drain, _port, _state, load_model, server_threads
+from inference_server.server import SLOW_CLIENT_THREADS, _drain, _port, _state, load_model, server_threads
 
 logger = logging.getLogger("inference_server")
 
 #: Connections one worker holds at once (granian's ``backpressure``); more wait in the listen queue. Slow or idle
 #: clients each hold one until ``--read-timeout``; /ping must still get through thousands of them.
 MAX_CONNECTIONS = 8192
+#: Bytes of a body refused with 413 that are read and dropped so that its client sees the answer, not a reset.
+DRAIN_REFUSED = 64 << 20
 #: The listen queue (the kernel caps it at ``net.core.somaxconn``).
 BACKLOG = 4096
 #: Streams one HTTP/2 connection may have open at once (``--http2``).
@@ -79,6 +81,7 @@ def granian_app() -> App:
     granian writes any bytes-like body item, so the app hands it the arrays' own memory (no copy)."""
     settings = Settings.from_env()
     app = App(settings, _plugins.manager(), bytes_only=False, read_on_server_thread=True, check_head=True)
+    app.drain_refused = DRAIN_REFUSED
     app.worker = _state.Worker.attach(_state.recycle_by_supervisor, settings.max_requests, settings.max_requests_jitter)
     if app.worker is not None:
         _stop_only_when_asked(app.worker)
@@ -141,7 +144,7 @@ class Server(MPServer):
             port=settings.port,
             interface=Interfaces.WSGI,
             workers=settings.workers,
-            blocking_threads=server_threads(settings),
+            blocking_threads=server_threads(settings) + SLOW_CLIENT_THREADS,
             backlog=BACKLOG,
             backpressure=MAX_CONNECTIONS,
             http=HTTPModes.auto if settings.http2 else HTTPModes.http1,

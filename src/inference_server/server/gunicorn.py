@@ -37,9 +37,12 @@ from gunicorn.workers.gthread import ThreadWorker
 
 from inference_server import _logging
 from inference_server._app import App
-from inference_server.server import KEEPALIVE, _drain, _state, load_model, server_threads
+from inference_server.server import KEEPALIVE, SLOW_CLIENT_THREADS, _drain, _state, load_model, server_threads
 
 logger = logging.getLogger("inference_server")
+
+#: Connections one worker holds at once (kept-alive ones included); more wait in the listen queue.
+WORKER_CONNECTIONS = 4096
 
 
 def _post_worker_init(worker: Any) -> None:
@@ -218,7 +221,8 @@ class GunicornServer(BaseApplication):  # type: ignore[misc]
             "bind": [f"{host}:{settings.port}"],
             "workers": settings.workers,
             "worker_class": Worker,
-            "threads": server_threads(settings),
+            "threads": server_threads(settings) + SLOW_CLIENT_THREADS,
+            "worker_connections": WORKER_CONNECTIONS,  # above the threads, or gunicorn turns keep-alive off
             # the heartbeat: a worker whose main loop is frozen (a hook holding the GIL) is killed and replaced
             "timeout": settings.timeout + 30 if settings.timeout else 0,
             "graceful_timeout": settings.graceful_timeout,
