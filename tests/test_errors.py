@@ -13,6 +13,7 @@ TREE = {
     "PluginError": (errors.InferenceServerError, None, False),
     "PredictionError": (errors.InferenceServerError, None, False),
     "HookError": (errors.InferenceServerError, None, False),
+    "TransformError": (errors.InferenceServerError, None, False),
     "HTTPError": (errors.InferenceServerError, None, False),
     "BadRequest": (errors.HTTPError, 400, False),
     "DecodeError": (errors.BadRequest, 400, True),

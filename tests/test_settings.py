@@ -50,6 +50,14 @@ def test_options_win_over_variables() -> None:
     assert (settings.port, settings.workers, settings.model_dir) == (9001, 2, "/m")
 
 
+def test_a_batch_transform_container_waits_600_s_by_default() -> None:
+    """SAGEMAKER_BATCH=true makes the request timeout SageMaker's invocation timeout (600 s) unless it is set."""
+    assert Settings.from_env({"SAGEMAKER_BATCH": "true"}).timeout == 600
+    assert Settings.from_env({"SAGEMAKER_BATCH": "false"}).timeout == 60
+    assert Settings.from_env({"SAGEMAKER_BATCH": "true", "SAGEMAKER_MODEL_SERVER_TIMEOUT": "90"}).timeout == 90
+    assert Settings.from_env({"SAGEMAKER_BATCH": "true"}, timeout=30).timeout == 30
+
+
 def test_settings_are_frozen() -> None:
     """Settings cannot change after start-up."""
     settings = Settings.from_env({})

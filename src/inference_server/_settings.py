@@ -26,6 +26,8 @@ MODEL_DIR_ENV = "INFERENCE_SERVER_MODEL_DIR"
 _LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 #: The HTTP server backends ``serve`` can run.
 SERVERS = ("gunicorn", "granian")
+#: The request timeout in a Batch Transform container (``SAGEMAKER_BATCH=true``): SageMaker waits 600 s by default.
+BATCH_TIMEOUT = 600
 
 
 class BatchStrategy(str, enum.Enum):
@@ -196,6 +198,7 @@ class Settings:
         _integer(0),
         "seconds a request may take before it is answered 504; work that cannot be stopped gets its worker "
         "replaced; 0: no limit, and requests run on the server's threads, a little faster",
+        default_text=f"60, or {BATCH_TIMEOUT} when SAGEMAKER_BATCH is true (Batch Transform's invocation timeout)",
     )
     #: Seconds a client may take to send a request's headers, and again its body; past it: 408 or a closed connection.
     read_timeout: int = _variable(
@@ -256,8 +259,8 @@ class Settings:
         "INFERENCE_SERVER_BACKEND",
         _server,
         "HTTP server: granian, fastest for real-time requests, or gunicorn, faster and leaner for bodies of many MB "
-        "(each slow client holds one of its threads: put it behind a proxy that buffers requests, as SageMaker's "
-        "front end does, when clients are not trusted)",
+        "(each slow client holds one of its threads, up to about 1,000 per worker: past that, put it behind a proxy "
+        "that buffers requests, as SageMaker's front end does)",
         choices=SERVERS,
     )
     log_level: str = _variable(
@@ -299,8 +302,11 @@ class Settings:
         unknown = set(options) - set(VARIABLES)
         if unknown:
             raise TypeError(f"unknown settings: {', '.join(sorted(unknown))}")
+        defaults = dict(DEFAULTS)
+        if _from_env(env, "SAGEMAKER_BATCH", _boolean, False):  # a Batch Transform container: SageMaker's timeout
+            defaults["timeout"] = BATCH_TIMEOUT
         values = {
-            field: _setting(field, options.get(field), env, variable, DEFAULTS[field])
+            field: _setting(field, options.get(field), env, variable, defaults[field])
             for field, variable in VARIABLES.items()
         }
         return cls(**values)  # type: ignore[arg-type]

@@ -1,19 +1,25 @@
-"""The ``inference-server`` command line: ``serve`` starts the HTTP server, ``plugins`` checks the plugins."""
+"""The ``inference-server`` command line: ``serve`` starts the HTTP server, ``plugins`` checks the plugins,
+``transform`` runs a Batch Transform job over local files."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import difflib
 import importlib.metadata
+import logging
 import sys
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 import inference_server
 from inference_server import _plugins, server
 from inference_server._hookspecs import ENTRY_POINT_GROUP
 from inference_server._plugins import PLUGINS_ENV
 from inference_server._settings import DEFAULTS, VARIABLES, Settings, Variable
-from inference_server.errors import ConfigurationError, PluginError
+from inference_server.errors import ConfigurationError, ModelLoadError, PluginError, TransformError
+from inference_server.transform.records import ASSEMBLE_WITH, SPLIT_TYPES
 
 #: Variables read by the built-in hooks and the plugin loader rather than by the server's options.
 OTHER_VARIABLES = {
@@ -21,6 +27,7 @@ OTHER_VARIABLES = {
     "SAGEMAKER_MAX_PAYLOAD_IN_MB": "largest request body in MB, beyond it 413; 0: no limit (default: 6)",
     "SAGEMAKER_BATCH_STRATEGY": "SingleRecord or MultiRecord, for /execution-parameters (default: MultiRecord)",
     "SAGEMAKER_MAX_CONCURRENT_TRANSFORMS": "for /execution-parameters (default: 1)",
+    "SAGEMAKER_BATCH": "true in a Batch Transform container: the default --timeout becomes 600 s",
 }
 
 
@@ -63,7 +70,36 @@ def _parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentPars
         "--strict if there is any warning: a container build can check its plugin set this way.",
     )
     plugins.add_argument("--strict", action="store_true", help="exit 1 if there is any warning")
-    return parser, {"serve": serve, "plugins": plugins}
+    return parser, {"serve": serve, "plugins": plugins, "transform": _transform_parser(commands)}
+
+
+def _transform_parser(commands: Any) -> argparse.ArgumentParser:
+    transform = commands.add_parser(
+        "transform",
+        help="run a Batch Transform job over local files with the installed hooks, as SageMaker would",
+        description="Transform every file under INPUT (a file or a directory, recursively, in sorted order) into "
+        "OUTPUT/<relative path>.out with the installed hooks, with the semantics of SageMaker's CreateTransformJob. "
+        "Options left out take the hooks' execution parameters (batch_strategy, max_payload_in_mb, "
+        "max_concurrent_transforms). Exit status 1 if any file failed.",
+    )
+    transform.add_argument("input", metavar="INPUT", help="a file, or a directory of files")
+    transform.add_argument("output", metavar="OUTPUT", help="the directory for the .out files")
+    add = transform.add_argument
+    add("--content-type", default="application/octet-stream", help="the requests' Content-Type (default: %(default)s)")
+    add("--accept", default="*/*", help="the requests' Accept (default: %(default)s)")
+    add("--split-type", default="None", choices=SPLIT_TYPES, help="how to cut files into records (default: None)")
+    add("--batch-strategy", choices=["SingleRecord", "MultiRecord"], help="one record per request, or as many as fit")
+    add("--max-payload-in-mb", type=int, help="largest request in MB, at most 100; 0: whole files, no limit")
+    add("--max-concurrent-transforms", type=int, help="requests at once (x max payload: at most 100 MB)")
+    add("--assemble-with", default="None", choices=ASSEMBLE_WITH, help="Line: a newline after each answer")
+    add("--resume", action="store_true", help="skip inputs whose .out exists and is newer than the input")
+    add("--fail-fast", action="store_true", help="stop at the first file that fails")
+    add("--quiet", action="store_true", help="no progress lines and no summary")
+    add("--model-dir", help="the model directory given to model_fn (default: $INFERENCE_SERVER_MODEL_DIR)")
+    add("--endpoint", help="a running container's URL: send the requests there instead of to the installed hooks")
+    add("--invocations-timeout-in-seconds", type=int, default=600, help="per request, with --endpoint (at most 3600)")
+    add("--invocations-max-retries", type=int, default=3, help="retries of a 5xx or lost connection (at most 3)")
+    return transform  # type: ignore[no-any-return]
 
 
 def _help(variable: Variable, field: str) -> str:
@@ -98,11 +134,34 @@ def main(argv: Sequence[str] | None = None) -> int:
         command.error(_unrecognized(command, extras))
     if args.command == "plugins":
         return _plugins_report(strict=args.strict)
+    if args.command == "transform":
+        return _transform(command, args)
     try:
         settings = Settings.from_env(**{field: getattr(args, field) for field in VARIABLES})
     except ConfigurationError as exc:
         command.exit(2, f"inference-server serve: error: {exc}\n")
     return server.serve(settings)
+
+
+def _transform(command: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    from inference_server import _logging, transform
+    from inference_server.transform import local
+
+    _logging.configure(logging.WARNING if args.quiet else logging.INFO)
+    names = [field.name for field in dataclasses.fields(transform.TransformOptions)]
+    try:
+        options = transform.TransformOptions(**{name: getattr(args, name) for name in names})
+        summary = local.run(Path(args.input), Path(args.output), options)
+    except ConfigurationError as exc:
+        command.exit(2, f"inference-server transform: error: {exc}\n")
+    except (PluginError, TransformError, ModelLoadError) as exc:
+        print(f"inference-server transform: error: {exc}", file=sys.stderr)
+        return 1
+    for name, reason in summary.failed:
+        print(f"failed: {name}: {reason}", file=sys.stderr)
+    if not args.quiet:
+        print(summary.line(), file=sys.stderr)
+    return 0 if summary.ok else 1
 
 
 def _plugins_report(*, strict: bool) -> int:

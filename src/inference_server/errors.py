@@ -7,6 +7,7 @@ Catch :class:`InferenceServerError` for anything this package raises on purpose:
     ├── PluginError                       a plugin failed to import, or a hook does not match its spec
     ├── PredictionError                   the client: a server or endpoint answered with an error status
     ├── HookError                         a hook (the model's code) failed while answering a request: 500
+    ├── TransformError                    a Batch Transform input file could not be transformed (the file named)
     └── HTTPError                         an answer with a status (``code``) and a message (``description``)
         ├── BadRequest            400
         │   └── DecodeError (ValueError)  a body the built-in codecs cannot decode
@@ -45,6 +46,7 @@ __all__ = [
     "PredictionError",
     "RequestTimeout",
     "ServiceUnavailable",
+    "TransformError",
     "URITooLong",
     "UnsupportedMediaType",
 ]
@@ -86,6 +88,11 @@ class HookError(InferenceServerError):
         self.summary = summary or f"{hook} raised {type(error).__name__}"
         self.hint = hint
         super().__init__(self.summary)
+
+
+class TransformError(InferenceServerError):
+    """A Batch Transform input file could not be transformed: its framing, a record over the limit, a failed
+    request. The message starts with the file's name; the other files of the job go on."""
 
 
 class HTTPError(InferenceServerError):

@@ -1,0 +1,200 @@
+"""The local engine: a transform job in this process, ``MaxConcurrentTransforms`` requests at a time.
+
+Files are transformed side by side and the requests of one file too, but each output keeps its input's order, and at
+most twice ``MaxConcurrentTransforms`` request bodies are held at once (with SageMaker's bound on concurrency times
+payload, at most 200 MB). Each output is written under a temporary name (``x.out.incomplete``) and renamed when
+complete, so that no crash leaves a file that looks finished.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from inference_server.errors import HookError, HTTPError, PredictionError, TransformError
+from inference_server.transform import BatchPredictor, Predictor, TransformOptions, TransformSummary, records
+
+logger = logging.getLogger("inference_server")
+
+#: Seconds between progress lines.
+PROGRESS_EVERY = 10.0
+INCOMPLETE = ".incomplete"
+
+
+def inputs(root: Path) -> list[tuple[Path, str]]:
+    """The input files: ``root`` itself, or every file under it (recursively, sorted), with relative names."""
+    if root.is_file():
+        return [(root, root.name)]
+    if not root.is_dir():
+        raise TransformError(f"{root}: no such file or directory")
+    return [(path, path.relative_to(root).as_posix()) for path in sorted(root.rglob("*")) if path.is_file()]
+
+
+class _Job:
+    """One run: the predictor, the shared pools and bounds, and the running totals."""
+
+    def __init__(self, options: TransformOptions, predictor: Predictor) -> None:
+        self.options = options
+        self.predictor = predictor
+        concurrency = options.max_concurrent_transforms or 1
+        self.requests = concurrent.futures.ThreadPoolExecutor(concurrency, thread_name_prefix="transform-request")
+        self.bodies = threading.BoundedSemaphore(2 * concurrency)
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.summary = TransformSummary()
+        self.started = time.monotonic()
+        self.reported = self.started
+
+    def count(self, records: int, bytes_in: int, bytes_out: int) -> None:
+        with self.lock:
+            self.summary.records += records
+            self.summary.requests += 1
+            self.summary.bytes_in += bytes_in
+            self.summary.bytes_out += bytes_out
+            now = time.monotonic()
+            if not self.options.quiet and now - self.reported >= PROGRESS_EVERY:
+                self.reported = now
+                elapsed = now - self.started
+                logger.info(
+                    "Transform: %d records in %d requests, %d bytes, %.0f records/s",
+                    self.summary.records,
+                    self.summary.requests,
+                    self.summary.bytes_in,
+                    self.summary.records / elapsed,
+                )
+
+    def predict(self, request: records.Request, name: str) -> bytes:
+        try:
+            answer, _ = self.predictor.predict(request.body, self.options.content_type, self.options.accept)
+        except HookError as exc:
+            logger.error("%s: %s", name, exc.summary, exc_info=exc.error)
+            raise TransformError(
+                f"{name}: the request of records {request.first} to {request.first + request.count - 1} failed: "
+                f"{exc.summary}: {exc.error}"
+            ) from exc
+        except PredictionError as exc:
+            what = f"answered {exc.status}" if exc.status else "failed"
+            raise TransformError(
+                f"{name}: the request of records {request.first} to {request.first + request.count - 1} {what}: "
+                f"{exc.message}"
+            ) from exc
+        except HTTPError as exc:
+            raise TransformError(
+                f"{name}: the request of records {request.first} to {request.first + request.count - 1} was "
+                f"refused ({exc.code}): {exc.description}"
+            ) from exc
+        return records.assembled(answer, self.options.assemble_with)
+
+    def answers(self, requests: Iterator[records.Request], name: str) -> Iterator[tuple[records.Request, bytes]]:
+        """The answers to ``requests`` in their order, computed up to the bound of bodies held at once."""
+        pending: collections.deque[tuple[records.Request, concurrent.futures.Future[bytes]]] = collections.deque()
+        try:
+            for request in requests:
+                if self.stop.is_set():
+                    raise TransformError(f"{name}: stopped after another file failed (--fail-fast)")
+                while not self.bodies.acquire(blocking=False):  # all held: ours are freed by taking answers
+                    if pending:
+                        yield self._next(pending)
+                    else:  # other files hold them all; they free them as their answers arrive
+                        self.bodies.acquire()
+                        break
+                pending.append((request, self.requests.submit(self.predict, request, name)))
+                while pending and pending[0][1].done():
+                    yield self._next(pending)
+            while pending:
+                yield self._next(pending)
+        finally:
+            for _, future in pending:
+                future.cancel()
+                self.bodies.release()
+
+    def _next(
+        self, pending: collections.deque[tuple[records.Request, concurrent.futures.Future[bytes]]]
+    ) -> tuple[records.Request, bytes]:
+        request, future = pending.popleft()
+        try:
+            return request, future.result()
+        finally:
+            self.bodies.release()
+
+    def file(self, path: Path, name: str, output: Path) -> None:
+        target = output / f"{name}.out"
+        if self.options.resume and target.exists() and target.stat().st_mtime >= path.stat().st_mtime:
+            with self.lock:
+                self.summary.skipped += 1
+            return
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(target.name + INCOMPLETE)
+        limit = self.options.limit
+        strategy = self.options.batch_strategy
+        assert strategy is not None  # resolved
+        try:
+            with path.open("rb") as source, partial.open("wb") as sink:
+                split = records.split(source, self.options.split_type, name)
+                for request, answer in self.answers(records.requests(split, strategy, limit, name), name):
+                    sink.write(answer)
+                    self.count(request.count, len(request.body), len(answer))
+            os.replace(partial, target)
+        except OSError as exc:
+            partial.unlink(missing_ok=True)
+            raise TransformError(f"{name}: {exc}") from exc
+        except BaseException:
+            partial.unlink(missing_ok=True)
+            raise
+
+
+def _predictor(options: TransformOptions) -> Predictor:
+    if options.endpoint is None:
+        return BatchPredictor(model_dir=options.model_dir)
+    from inference_server.transform.endpoint import EndpointPredictor
+
+    return EndpointPredictor(
+        options.endpoint,
+        timeout=options.invocations_timeout_in_seconds,
+        retries=options.invocations_max_retries,
+        chunked=options.max_payload_in_mb == 0,
+    )
+
+
+def run(root: Path, output: Path, options: TransformOptions, predictor: Predictor | None = None) -> TransformSummary:
+    """Transform every input file under ``root`` into ``output``; a failed file is reported and the others go on
+    (all stop at the first failure with ``fail_fast``)."""
+    files = inputs(root)
+    if predictor is None:
+        own = _predictor(options)
+        try:
+            return run(root, output, options, own)
+        finally:
+            close = getattr(own, "close", None)
+            if close is not None:
+                close()
+    options = options.resolved(predictor.execution_parameters)
+    predictor.ready()  # the model loaded (or the container healthy) before any request; a failure stops the job
+    job = _Job(options, predictor)
+    job.summary.files = len(files)
+    concurrency = options.max_concurrent_transforms or 1
+    with job.requests, concurrent.futures.ThreadPoolExecutor(concurrency, thread_name_prefix="transform-file") as pool:
+        futures = {pool.submit(job.file, path, name, output): name for path, name in files}
+        for future in concurrent.futures.as_completed(futures):
+            name = futures[future]
+            try:
+                future.result()
+            except TransformError as exc:
+                job.summary.failed.append((name, str(exc)))
+                if not options.quiet:
+                    logger.error("Transform: %s", exc)
+                if options.fail_fast:
+                    job.stop.set()
+                    for other in futures:
+                        other.cancel()
+            except concurrent.futures.CancelledError:
+                job.summary.failed.append((name, "not started: another file failed (--fail-fast)"))
+    job.summary.failed.sort()
+    job.summary.seconds = time.monotonic() - job.started
+    return job.summary

@@ -1,0 +1,205 @@
+"""``inference-server transform`` with the local engine: real files, the command in a subprocess, a test plugin
+that logs every call (its body size) so that the tests see the requests the job made."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+COUNTING = """
+    import os
+    import random
+    import time
+
+    import inference_server
+
+    @inference_server.plugin_hook
+    def input_fn(input_data, content_type):
+        return bytes(input_data)
+
+    @inference_server.plugin_hook
+    def predict_fn(data, model):
+        with open(os.environ["CALLS_LOG"], "a") as log:
+            log.write(f"{len(data)}\\n")
+        delay = float(os.environ.get("CALL_DELAY", "0"))
+        if delay:
+            time.sleep(random.uniform(0, delay))
+        if data.startswith(b"fail"):
+            raise ValueError("asked to fail")
+        return data.upper()
+
+    @inference_server.plugin_hook
+    def output_fn(prediction, accept):
+        return prediction, "application/octet-stream"
+"""
+
+
+class Job:
+    """Runs the command with the counting plugin; ``calls()`` are the body sizes its model saw."""
+
+    def __init__(self, tmp_path: Path, servers: Any) -> None:
+        self.tmp_path = tmp_path
+        self.input = tmp_path / "in"
+        self.output = tmp_path / "out"
+        self.input.mkdir()
+        self.log = tmp_path / "calls.log"
+        self.env = servers.environment(None, {"CALLS_LOG": str(self.log)})
+
+    def write(self, name: str, data: bytes) -> Path:
+        path = self.input / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        return path
+
+    def command(self, *options: str) -> list[str]:
+        return [sys.executable, "-m", "inference_server", "transform", str(self.input), str(self.output), *options]
+
+    def run(self, *options: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            self.command(*options), env={**self.env, **(env or {})}, capture_output=True, text=True, timeout=120
+        )
+
+    def calls(self) -> list[int]:
+        return [int(line) for line in self.log.read_text().split()] if self.log.exists() else []
+
+    def out(self, name: str) -> bytes:
+        return (self.output / f"{name}.out").read_bytes()
+
+
+@pytest.fixture
+def job(tmp_path: Path, servers: Any, plugin_site: Any) -> Job:
+    """A job directory with the counting plugin installed."""
+    plugin_site.add("counting", COUNTING)
+    return Job(tmp_path, servers)
+
+
+def test_multirecord_lines_fill_requests_up_to_the_limit(job: Job) -> None:
+    """Line + MultiRecord: requests of at most MaxPayloadInMB, as few as the limit allows, answers in order."""
+    lines = [b"%07d," % i + b"x" * 91 + b"\n" for i in range(25_000)]  # 100 bytes each, 2.5 MB
+    job.write("data.csv", b"".join(lines))
+    result = job.run("--split-type", "Line", "--batch-strategy", "MultiRecord", "--max-payload-in-mb", "1")
+    assert result.returncode == 0, result.stderr
+    per_request = (1 << 20) // 100
+    assert job.calls() == [per_request * 100] * (25_000 // per_request) + [25_000 % per_request * 100]
+    assert job.out("data.csv") == b"".join(lines).upper()
+    assert "1 of 1 files transformed" in result.stderr
+    assert "25000 records in 3 requests" in result.stderr
+
+
+def test_singlerecord_sends_each_line_alone_and_line_assembly_ends_each_answer(job: Job) -> None:
+    """SingleRecord: one request per line, without its newline; AssembleWith Line puts a newline after each."""
+    job.write("a.csv", b"1,2\n3,4\n5,6\n")
+    result = job.run("--split-type", "Line", "--batch-strategy", "SingleRecord", "--assemble-with", "Line")
+    assert result.returncode == 0, result.stderr
+    assert job.calls() == [3, 3, 3]
+    assert job.out("a.csv") == b"1,2\n3,4\n5,6\n"
+
+
+def test_assemble_with_none_concatenates_the_answers(job: Job) -> None:
+    """AssembleWith None: the answers back to back, byte for byte."""
+    job.write("a.txt", b"ab\ncd\n")
+    assert job.run("--split-type", "Line", "--batch-strategy", "SingleRecord").returncode == 0
+    assert job.out("a.txt") == b"ABCD"
+
+
+def test_split_none_sends_whole_files_and_mirrors_the_tree(job: Job) -> None:
+    """SplitType None: each file in one request; OUTPUT mirrors INPUT's directories, in sorted order."""
+    job.write("b.bin", b"second\n")
+    job.write("sub/deeper/a.bin", b"first\nfile\n")
+    result = job.run()
+    assert result.returncode == 0, result.stderr
+    assert sorted(job.calls()) == [7, 11]
+    assert job.out("b.bin") == b"SECOND\n"
+    assert job.out("sub/deeper/a.bin") == b"FIRST\nFILE\n"
+
+
+def test_a_failing_file_is_reported_and_the_others_complete(job: Job) -> None:
+    """A record over the limit fails its file (named, with the record's index, offset, size and the limit) and a
+    model error fails its own; the other files are written; exit status 1 with a summary."""
+    job.write("big.csv", b"small\n" + b"y" * (1 << 20) + b"\n")
+    job.write("bad.csv", b"fail me\n")
+    job.write("good.csv", b"fine\n")
+    result = job.run("--split-type", "Line", "--max-payload-in-mb", "1")
+    assert result.returncode == 1
+    assert "failed: big.csv: big.csv: record 1 (at byte 6) is 1048577 bytes, over the limit of 1048576" in result.stderr
+    assert "failed: bad.csv: bad.csv: the request of records 0 to 0 failed: predict_fn raised ValueError" in (
+        result.stderr
+    )
+    assert "1 of 3 files transformed (0 skipped, 2 failed)" in result.stderr
+    assert job.out("good.csv") == b"FINE\n"
+    assert sorted(p.name for p in job.output.iterdir()) == ["good.csv.out"]
+
+
+def test_fail_fast_stops_at_the_first_failure(job: Job) -> None:
+    """--fail-fast: after the first failure no further file is started."""
+    job.write("a.csv", b"fail\n")
+    for i in range(20):
+        job.write(f"b{i:02d}.csv", b"fine\n" * 50)
+    result = job.run("--split-type", "Line", "--batch-strategy", "SingleRecord", "--fail-fast")
+    assert result.returncode == 1
+    assert "failed: a.csv" in result.stderr
+    assert len(job.calls()) < 21 * 50
+
+
+def test_concurrency_keeps_each_files_order(job: Job) -> None:
+    """With 4 requests at once and answers finishing in random order, every output keeps its input's order."""
+    for name in ("a", "b", "c"):
+        job.write(f"{name}.txt", b"".join(b"%s%04d\n" % (name.encode(), i) for i in range(200)))
+    options = ("--split-type", "Line", "--batch-strategy", "SingleRecord", "--assemble-with", "Line")
+    result = job.run(*options, "--max-concurrent-transforms", "4", env={"CALL_DELAY": "0.004"})
+    assert result.returncode == 0, result.stderr
+    for name in ("a", "b", "c"):
+        assert job.out(f"{name}.txt") == b"".join(b"%s%04d\n" % (name.upper().encode(), i) for i in range(200))
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (("--max-payload-in-mb", "101"), "max payload 101 MB: SageMaker allows 0 (no limit) to 100"),
+        (("--max-payload-in-mb", "20", "--max-concurrent-transforms", "6"), "6 x 20 MB = 120 MB"),
+        (("--max-concurrent-transforms", "0"), "max concurrent transforms 0: at least 1"),
+    ],
+)
+def test_sagemakers_bounds_are_checked_before_anything_runs(job: Job, options: tuple[str, ...], message: str) -> None:
+    """Payload over 100 MB, or concurrency x payload over 100 MB: exit 2 with the rule, no request made."""
+    job.write("a.csv", b"1\n")
+    result = job.run(*options)
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert job.calls() == []
+
+
+def test_resume_after_a_killed_run_completes_only_what_is_missing(job: Job) -> None:
+    """SIGKILL mid-job leaves no finished-looking output (only .incomplete); --resume skips the finished files and
+    redoes the rest; the outputs equal a clean run's."""
+    for i in range(6):
+        job.write(f"f{i}.txt", b"".join(b"%d-%04d\n" % (i, n) for n in range(40)))
+    options = ("--split-type", "Line", "--batch-strategy", "SingleRecord", "--assemble-with", "Line")
+    process = subprocess.Popen(job.command(*options), env={**job.env, "CALL_DELAY": "0.02"}, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while len(job.calls()) < 60 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    process.send_signal(signal.SIGKILL)
+    process.wait(10)
+    finished = sorted(p.name for p in job.output.glob("*.out"))
+    assert len(finished) < 6
+    for out in finished:  # what looks finished is finished
+        index = int(out[1])
+        assert (job.output / out).read_bytes() == b"".join(b"%d-%04d\n" % (index, n) for n in range(40))
+    calls_before = len(job.calls())
+    result = job.run(*options, "--resume")
+    assert result.returncode == 0, result.stderr
+    assert f"({len(finished)} skipped, 0 failed)" in result.stderr
+    assert len(job.calls()) - calls_before == (6 - len(finished)) * 40
+    for i in range(6):
+        assert job.out(f"f{i}.txt") == b"".join(b"%d-%04d\n" % (i, n) for n in range(40))
+    assert not list(job.output.glob("*.incomplete"))
+    os.utime(job.input / "f0.txt")  # an input newer than its output is done again
+    assert "(5 skipped" in job.run(*options, "--resume").stderr

@@ -1,0 +1,137 @@
+"""Splitting files into records and packing records into requests, as SageMaker Batch Transform does."""
+
+from __future__ import annotations
+
+import io
+import struct
+from pathlib import Path
+
+import crc32c as reference_crc32c
+import pytest
+from tfrecord.writer import TFRecordWriter
+
+from inference_server._settings import BatchStrategy
+from inference_server.errors import TransformError
+from inference_server.transform import records
+
+MULTI, SINGLE = BatchStrategy.MULTI_RECORD, BatchStrategy.SINGLE_RECORD
+
+
+def _split(data: bytes, split_type: str) -> list[records.Record]:
+    return list(records.split(io.BytesIO(data), split_type, "in.bin"))
+
+
+def _recordio(*payloads: bytes) -> bytes:
+    """MXNet RecordIO as its published format describes it (dmlc-core recordio.h), written independently here:
+    magic, then (flag << 29 | length), data, zero padding to 4 bytes; data holding the magic at a 4-byte boundary is
+    written in parts (flag 1 first, 2 middle, 3 last) with the magic left out between them."""
+    magic = struct.pack("<I", records.RECORDIO_MAGIC)
+    out = b""
+    for payload in payloads:
+        cuts = [i for i in range(0, len(payload) - 3, 4) if payload[i : i + 4] == magic]
+        parts, start = [], 0
+        for cut in cuts:
+            parts.append(payload[start:cut])
+            start = cut + 4
+        parts.append(payload[start:])
+        for number, part in enumerate(parts):
+            flag = 0 if len(parts) == 1 else 1 if number == 0 else 3 if number == len(parts) - 1 else 2
+            out += magic + struct.pack("<I", flag << 29 | len(part)) + part + bytes(-len(part) % 4)
+    return out
+
+
+def test_none_is_the_whole_file() -> None:
+    """SplitType None: one record, the file's bytes."""
+    [record] = _split(b"a\nb\n", "None")
+    assert record.payload == record.framed == b"a\nb\n"
+
+
+def test_lines_keep_their_newline_framed_and_lose_it_as_payload() -> None:
+    """Line: records end at \\n (\\r\\n too); blank lines are skipped; offsets count every byte."""
+    got = _split(b"1,2\r\n\n3,4\n5,6", "Line")
+    assert [(r.index, r.offset, r.framed, r.payload) for r in got] == [
+        (0, 0, b"1,2\r\n", b"1,2"),
+        (1, 6, b"3,4\n", b"3,4"),
+        (2, 10, b"5,6", b"5,6"),
+    ]
+
+
+def test_recordio_from_an_independent_writer() -> None:
+    """RecordIO written from the spec (padding, a record holding the magic in three parts) splits back exactly."""
+    magic = struct.pack("<I", records.RECORDIO_MAGIC)
+    payloads = [b"abc", b"", b"0123" + magic + b"4567" + magic + b"89", b"x" * 9]
+    data = _recordio(*payloads)
+    got = _split(data, "RecordIO")
+    assert [r.payload for r in got] == payloads
+    assert b"".join(r.framed for r in got) == data
+    assert [r.offset for r in got] == [0, 12, 20, 20 + 8 + 4 + 8 + 4 + 8 + 4]
+
+
+def test_tfrecord_from_the_tfrecord_package(tmp_path: Path) -> None:
+    """TFRecord files written by the ``tfrecord`` package split into their serialized examples, framing intact."""
+    path = tmp_path / "data.tfrecord"
+    writer = TFRecordWriter(str(path))
+    examples = [{"x": (float(i), "float"), "name": (f"n{i}".encode(), "byte")} for i in range(5)]
+    for example in examples:
+        writer.write(example)
+    writer.close()
+    data = path.read_bytes()
+    got = _split(data, "TFRecord")
+    assert [r.payload for r in got] == [TFRecordWriter.serialize_tf_example(e) for e in examples]
+    assert b"".join(r.framed for r in got) == data
+
+
+def test_crc32c_matches_the_crc32c_package() -> None:
+    """Our CRC-32C (for TFRecord's length words) agrees with the C implementation."""
+    for data in (b"", b"a", struct.pack("<Q", 123456789), bytes(range(256))):
+        assert records.crc32c(data) == reference_crc32c.crc32c(data)
+
+
+@pytest.mark.parametrize(
+    ("split_type", "data", "message"),
+    [
+        ("RecordIO", b"\x00" * 8, "no RecordIO magic number at byte 0"),
+        ("RecordIO", _recordio(b"abcdef")[:-3], "cut short"),
+        ("TFRecord", struct.pack("<Q", 5) + b"\x00\x00\x00\x00" + b"hello" + bytes(4), "fails its checksum"),
+        ("TFRecord", b"\x01\x02", "header at byte 0 is cut short"),
+    ],
+    ids=["recordio-magic", "recordio-truncated", "tfrecord-crc", "tfrecord-truncated"],
+)
+def test_broken_framing_fails_the_file_naming_the_byte(split_type: str, data: bytes, message: str) -> None:
+    """A file that is not in the split type's framing fails with the file's name and where it broke."""
+    with pytest.raises(TransformError, match=f"in.bin: .*{message}"):
+        _split(data, split_type)
+
+
+def test_multirecord_packs_as_many_records_as_fit() -> None:
+    """MultiRecord fills each request up to the limit with whole framed records, never more, in order."""
+    lines = [b"%03d,abcdef\n" % i for i in range(100)]  # 11 bytes each
+    got = list(records.requests(_split(b"".join(lines), "Line"), MULTI, 100, "in.csv"))
+    assert [len(request.body) for request in got] == [99] * 11 + [11]
+    assert [request.first for request in got] == list(range(0, 100, 9))
+    assert b"".join(request.body for request in got) == b"".join(lines)
+
+
+def test_singlerecord_sends_payloads_without_framing() -> None:
+    """SingleRecord sends each record alone, padding and headers removed."""
+    got = list(records.requests(_split(_recordio(b"abc", b"defgh"), "RecordIO"), SINGLE, 100, "in.rec"))
+    assert [(r.body, r.first, r.count) for r in got] == [(b"abc", 0, 1), (b"defgh", 1, 1)]
+
+
+def test_a_record_over_the_limit_names_file_index_offset_size_and_limit() -> None:
+    """One record larger than MaxPayloadInMB fails its file with where it is and how large."""
+    data = b"ok\n" + b"x" * 50 + b"\n"
+    with pytest.raises(TransformError, match=r"in.csv: record 1 \(at byte 3\) is 51 bytes, over the limit of 40"):
+        list(records.requests(_split(data, "Line"), MULTI, 40, "in.csv"))
+
+
+def test_no_limit_packs_everything_in_one_request() -> None:
+    """MaxPayloadInMB 0 (no limit): MultiRecord sends the whole file in one request."""
+    [request] = records.requests(_split(b"a\nb\nc\n", "Line"), MULTI, None, "in.csv")
+    assert (request.body, request.count) == (b"a\nb\nc\n", 3)
+
+
+def test_assemble_with_line_adds_a_newline_after_each_answer() -> None:
+    """AssembleWith Line: a newline after each request's answer; None: the answer as it is."""
+    assert records.assembled(b"1,2", "Line") == b"1,2\n"
+    assert records.assembled(b"1,2", "None") == b"1,2"
