@@ -33,6 +33,8 @@ COUNTING = """
             time.sleep(random.uniform(0, delay))
         if data.startswith(b"fail"):
             raise ValueError("asked to fail")
+        if os.environ.get("FIRST_LINE_ONLY"):
+            return data.split(b"\\n")[0]
         return data.upper()
 
     @inference_server.plugin_hook
@@ -203,3 +205,31 @@ def test_resume_after_a_killed_run_completes_only_what_is_missing(job: Job) -> N
     assert not list(job.output.glob("*.incomplete"))
     os.utime(job.input / "f0.txt")  # an input newer than its output is done again
     assert "(5 skipped" in job.run(*options, "--resume").stderr
+
+
+def test_filters_and_join_on_csv_as_sagemaker_documents_them(job: Job) -> None:
+    """InputFilter $[1:] drops the ID column before the model; JoinSource Input and OutputFilter $[0,-1] write the
+    ID beside the answer, one line per record, with MultiRecord requests split back by line."""
+    job.write("a.csv", b"id1,x,1\nid2,y,2\nid3,z,3\n")
+    options = ("--content-type", "text/csv", "--split-type", "Line", "--batch-strategy", "MultiRecord")
+    result = job.run(*options, "--input-filter", "$[1:]", "--join-source", "Input", "--output-filter", "$[0,-1]")
+    assert result.returncode == 0, result.stderr
+    assert job.calls() == [len(b"x,1\ny,2\nz,3\n")]
+    assert job.out("a.csv") == b"id1,1\nid2,2\nid3,3\n"
+
+
+def test_a_join_needs_an_answer_line_per_record(job: Job) -> None:
+    """An answer with fewer lines than its request's records fails the file, saying how many of each."""
+    job.write("a.csv", b"1\n2\n3\n")
+    options = ("--content-type", "text/csv", "--split-type", "Line", "--join-source", "Input")
+    result = job.run(*options, env={"FIRST_LINE_ONLY": "1"})
+    assert result.returncode == 1
+    assert "a.csv: the answer to records 0 to 2 has 1 lines for 3 records" in result.stderr
+
+
+def test_filters_outside_line_or_none_splits_are_refused(job: Job) -> None:
+    """Filters on RecordIO or TFRecord records: exit 2 before anything runs."""
+    job.write("a.rec", b"")
+    result = job.run("--content-type", "text/csv", "--split-type", "RecordIO", "--input-filter", "$[1:]")
+    assert result.returncode == 2
+    assert "need SplitType Line or None" in result.stderr

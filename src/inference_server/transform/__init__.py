@@ -19,6 +19,7 @@ from inference_server import _plugins
 from inference_server._pipeline import Pipeline
 from inference_server._settings import BatchStrategy, Settings
 from inference_server.errors import ConfigurationError
+from inference_server.transform import filters
 from inference_server.transform.records import ASSEMBLE_WITH, SPLIT_TYPES
 
 __all__ = ["BatchPredictor", "Predictor", "TransformOptions", "TransformSummary", "transform"]
@@ -88,6 +89,10 @@ class TransformOptions:
     endpoint: str | None = None
     invocations_timeout_in_seconds: int = 600
     invocations_max_retries: int = 3
+    #: DataProcessing: JSONPath filters (``$``: everything) and whether to join each answer with its record.
+    input_filter: str = "$"
+    output_filter: str = "$"
+    join_source: str = "None"
 
     def __post_init__(self) -> None:
         if self.split_type not in SPLIT_TYPES:
@@ -100,6 +105,11 @@ class TransformOptions:
             except ValueError as exc:
                 raise ConfigurationError(str(exc)) from None
         _check_limits(self.max_payload_in_mb, self.max_concurrent_transforms)
+        processing = filters.Processing.create(
+            self.content_type, self.input_filter, self.join_source, self.output_filter
+        )
+        if processing is not None and self.split_type not in ("None", "Line"):
+            raise ConfigurationError("filters and join source need SplitType Line or None (CSV or JSON records)")
         if not 1 <= self.invocations_timeout_in_seconds <= MAX_INVOCATIONS_TIMEOUT:
             raise ConfigurationError(
                 f"invocations timeout {self.invocations_timeout_in_seconds} s: SageMaker allows 1 to "

@@ -16,9 +16,10 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 from inference_server.errors import HookError, HTTPError, PredictionError, TransformError
-from inference_server.transform import BatchPredictor, Predictor, TransformOptions, TransformSummary, records
+from inference_server.transform import BatchPredictor, Predictor, TransformOptions, TransformSummary, filters, records
 
 logger = logging.getLogger("inference_server")
 
@@ -47,6 +48,9 @@ class _Job:
         self.bodies = threading.BoundedSemaphore(2 * concurrency)
         self.stop = threading.Event()
         self.lock = threading.Lock()
+        self.processing = filters.Processing.create(
+            options.content_type, options.input_filter, options.join_source, options.output_filter
+        )
         self.summary = TransformSummary()
         self.started = time.monotonic()
         self.reported = self.started
@@ -89,7 +93,36 @@ class _Job:
                 f"{name}: the request of records {request.first} to {request.first + request.count - 1} was "
                 f"refused ({exc.code}): {exc.description}"
             ) from exc
+        if self.processing is not None and (self.processing.join or self.processing.output_filter):
+            return self._joined(request, answer, name)
         return records.assembled(answer, self.options.assemble_with)
+
+    def _joined(self, request: records.Request, answer: bytes, name: str) -> bytes:
+        """One line per record: its answer joined with it and filtered; the answer must have a line per record."""
+        assert self.processing is not None
+        lines = [answer.rstrip(b"\r\n")] if request.count == 1 else answer.splitlines()
+        if len(lines) != request.count:
+            raise TransformError(
+                f"{name}: the answer to records {request.first} to {request.first + request.count - 1} has "
+                f"{len(lines)} lines for {request.count} records; joining and output filters need one per record"
+            )
+        return b"".join(
+            self.processing.output(original, line, f"{name}: record {request.first + number}") + b"\n"
+            for number, (original, line) in enumerate(zip(request.originals, lines, strict=True))
+        )
+
+    def split(self, source: BinaryIO, name: str) -> Iterator[records.Record]:
+        """The file's records, with the input filter applied (the original kept for a join)."""
+        split = records.split(source, self.options.split_type, name)
+        processing = self.processing
+        if processing is None:
+            yield from split
+            return
+        keep = processing.join
+        for record in split:
+            payload = processing.filter_input(record.payload, f"{name}: record {record.index}")
+            framed = payload + b"\n" if self.options.split_type == "Line" else payload
+            yield records.Record(record.index, record.offset, framed, payload, record.payload if keep else None)
 
     def answers(self, requests: Iterator[records.Request], name: str) -> Iterator[tuple[records.Request, bytes]]:
         """The answers to ``requests`` in their order, computed up to the bound of bodies held at once."""
@@ -136,7 +169,7 @@ class _Job:
         assert strategy is not None  # resolved
         try:
             with path.open("rb") as source, partial.open("wb") as sink:
-                split = records.split(source, self.options.split_type, name)
+                split = self.split(source, name)
                 for request, answer in self.answers(records.requests(split, strategy, limit, name), name):
                     sink.write(answer)
                     self.count(request.count, len(request.body), len(answer))

@@ -43,6 +43,8 @@ class Record:
     offset: int
     framed: bytes
     payload: bytes
+    #: The record as read, when an input filter changed ``framed`` and ``payload`` (a join needs it).
+    original: bytes | None = None
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,8 @@ class Request:
     body: bytes
     first: int
     count: int
+    #: The records as read, one per record, when they are needed after the answer (``JoinSource Input``).
+    originals: tuple[bytes, ...] = ()
 
 
 def split(stream: BinaryIO, split_type: str, name: str) -> Iterator[Record]:
@@ -147,8 +151,10 @@ def requests(records: Iterable[Record], strategy: BatchStrategy, limit: int | No
     ``limit`` bytes (MultiRecord). ``limit`` None: no limit. A record that cannot fit fails the file."""
     single = strategy is BatchStrategy.SINGLE_RECORD
     pending: list[bytes] = []
+    originals: list[bytes] = []
     size = first = 0
     for record in records:
+        original = () if record.original is None else (record.original,)
         part = record.payload if single else record.framed
         if limit is not None and len(part) > limit:
             raise TransformError(
@@ -156,17 +162,18 @@ def requests(records: Iterable[Record], strategy: BatchStrategy, limit: int | No
                 f"{limit} bytes (MaxPayloadInMB); raise --max-payload-in-mb (at most 100) or split the file"
             )
         if single:
-            yield Request(part, record.index, 1)
+            yield Request(part, record.index, 1, original)
             continue
         if pending and limit is not None and size + len(part) > limit:
-            yield Request(b"".join(pending), first, len(pending))
-            pending, size = [], 0
+            yield Request(b"".join(pending), first, len(pending), tuple(originals))
+            pending, originals, size = [], [], 0
         if not pending:
             first = record.index
         pending.append(part)
+        originals.extend(original)
         size += len(part)
     if pending:
-        yield Request(b"".join(pending), first, len(pending))
+        yield Request(b"".join(pending), first, len(pending), tuple(originals))
 
 
 def assembled(answer: bytes, assemble_with: str) -> bytes:
