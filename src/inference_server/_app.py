@@ -5,7 +5,6 @@ The hooks themselves run in :mod:`inference_server._pipeline`, which knows nothi
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import http
 import importlib.resources
@@ -104,9 +103,6 @@ class App:
         self.check_head = check_head
         #: Sends ``100 Continue`` when the server leaves it to the app (gunicorn: only once the body is wanted).
         self.send_continue: Callable[[WSGIEnvironment], None] | None = None
-        #: Bytes of a refused body (413) to read and drop before answering (granian resets a connection closed
-        #: with its body unread, and clients that send the whole body first then see a reset, not the 413).
-        self.drain_refused = 0
         #: When the request reached the server (``time.monotonic()``), for servers that can say (gunicorn): one that
         #: was waiting for a server thread when the drain began is answered, not refused.
         self.arrival: Callable[[WSGIEnvironment], float | None] | None = None
@@ -243,11 +239,7 @@ class App:
         """Invoke on a helper thread and answer 408 or 504 if it overruns ``--read-timeout`` or ``--timeout``."""
         if self._timeout is None:
             return self._invoke(environ, None)
-        body = (
-            read_body(environ, self.pipeline.max_body, self.send_continue, self.drain_refused)
-            if self.read_on_server_thread
-            else None
-        )
+        body = read_body(environ, self.pipeline.max_body, self.send_continue) if self.read_on_server_thread else None
         call = _deadlines.Call()
         start = time.monotonic()
         limit = min(self._timeout, self.settings.read_timeout)
@@ -283,7 +275,7 @@ class App:
 
     def _invoke(self, environ: WSGIEnvironment, call: _deadlines.Call | None, body: bytearray | None = None) -> Reply:
         if body is None:
-            body = read_body(environ, self.pipeline.max_body, self.send_continue, self.drain_refused)
+            body = read_body(environ, self.pipeline.max_body, self.send_continue)
         model = self.model()
         content_type = environ.get("CONTENT_TYPE")
         if not content_type:
@@ -352,31 +344,18 @@ def _error_reply(exc: HTTPError | werkzeug.exceptions.HTTPException, request_id:
     return status, headers, body
 
 
-def _discard(stream: Any, most: int) -> None:
-    """Read and drop up to ``most`` bytes of a body that is refused, so that the client, still sending it, reads the
-    answer instead of a connection reset."""
-    with contextlib.suppress(Exception):
-        while most > 0 and (chunk := stream.read(min(most, _READ_BLOCK))):
-            most -= len(chunk)
-
-
 def read_body(
     environ: WSGIEnvironment,
     limit: int | None,
     send_continue: Callable[[WSGIEnvironment], None] | None = None,
-    drain: int = 0,
 ) -> bytearray:
     """Read the request body into one buffer, refusing bodies over ``limit`` bytes with 413.
 
     With a ``Content-Length`` the buffer is allocated once and a body over the limit is refused before any of it is
     read; a chunked body grows in large steps and is refused as soon as it passes the limit. ``send_continue`` is
     called, for a client that sent ``Expect: 100-continue``, once the body is going to be read (not before a 413).
-    A refused body of at most ``drain`` bytes is read and dropped first (for servers that reset the connection when
-    they close it with the body unread; with ``Expect: 100-continue`` nothing was sent, so nothing is drained).
     """
     stream = environ["wsgi.input"]
-    if environ.get("HTTP_EXPECT", "").lower() == "100-continue":
-        drain = 0  # the client waits for our word before it sends the body
     if send_continue is not None and environ.get("HTTP_EXPECT", "").lower() == "100-continue":
         length_header = environ.get("CONTENT_LENGTH")
         if not (limit is not None and length_header and length_header.isdigit() and int(length_header) > limit):
@@ -390,8 +369,6 @@ def read_body(
         except ValueError:
             raise BadRequest(f"Content-Length {length_header!r} is not a byte count") from None
         if limit is not None and length > limit:
-            if length <= drain:
-                _discard(stream, length)
             raise PayloadTooLarge(f"the body is {length} bytes; the limit (MaxPayloadInMB) is {limit} bytes{_RAISE}")
         buffer = bytearray(length)
         view = memoryview(buffer)
@@ -416,8 +393,6 @@ def read_body(
     while chunk := _read(stream, _READ_BLOCK):
         buffer += chunk
         if limit is not None and len(buffer) > limit:
-            if drain:
-                _discard(stream, drain - len(buffer))
             raise PayloadTooLarge(f"the chunked body passed the limit (MaxPayloadInMB) of {limit} bytes{_RAISE}")
     return buffer
 

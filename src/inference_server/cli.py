@@ -10,7 +10,6 @@ import importlib.metadata
 import logging
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import inference_server
@@ -154,7 +153,7 @@ def _transform(command: argparse.ArgumentParser, args: argparse.Namespace) -> in
     names = [field.name for field in dataclasses.fields(transform.TransformOptions)]
     try:
         options = transform.TransformOptions(**{name: getattr(args, name) for name in names})
-        summary = local.run(Path(args.input), Path(args.output), options)
+        summary = local.run(args.input, args.output, options)
     except ConfigurationError as exc:
         command.exit(2, f"inference-server transform: error: {exc}\n")
     except (PluginError, TransformError, ModelLoadError) as exc:

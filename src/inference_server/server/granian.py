@@ -39,8 +39,6 @@ logger = logging.getLogger("inference_server")
 #: Connections one worker holds at once (granian's ``backpressure``); more wait in the listen queue. Slow or idle
 #: clients each hold one until ``--read-timeout``; /ping must still get through thousands of them.
 MAX_CONNECTIONS = 8192
-#: Bytes of a body refused with 413 that are read and dropped so that its client sees the answer, not a reset.
-DRAIN_REFUSED = 64 << 20
 #: The listen queue (the kernel caps it at ``net.core.somaxconn``).
 BACKLOG = 4096
 #: Streams one HTTP/2 connection may have open at once (``--http2``).
@@ -81,7 +79,6 @@ def granian_app() -> App:
     granian writes any bytes-like body item, so the app hands it the arrays' own memory (no copy)."""
     settings = Settings.from_env()
     app = App(settings, _plugins.manager(), bytes_only=False, read_on_server_thread=True, check_head=True)
-    app.drain_refused = DRAIN_REFUSED
     app.worker = _state.Worker.attach(_state.recycle_by_supervisor, settings.max_requests, settings.max_requests_jitter)
     if app.worker is not None:
         _stop_only_when_asked(app.worker)

@@ -189,4 +189,4 @@ def transform(input: str | Path, output: str | Path, **options: Any) -> Transfor
     """Run a transform job over the files under ``input`` into ``output`` (see :class:`TransformOptions`)."""
     from inference_server.transform import local
 
-    return local.run(Path(input), Path(output), TransformOptions(**options))
+    return local.run(str(input), str(output), TransformOptions(**options))

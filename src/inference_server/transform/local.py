@@ -11,7 +11,6 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import logging
-import os
 import threading
 import time
 from collections.abc import Iterator
@@ -19,29 +18,29 @@ from pathlib import Path
 from typing import BinaryIO
 
 from inference_server.errors import HookError, HTTPError, PredictionError, TransformError
-from inference_server.transform import BatchPredictor, Predictor, TransformOptions, TransformSummary, filters, records
+from inference_server.transform import (
+    BatchPredictor,
+    Predictor,
+    TransformOptions,
+    TransformSummary,
+    filters,
+    records,
+    storage,
+)
+from inference_server.transform.storage import Store
 
 logger = logging.getLogger("inference_server")
 
 #: Seconds between progress lines.
 PROGRESS_EVERY = 10.0
-INCOMPLETE = ".incomplete"
-
-
-def inputs(root: Path) -> list[tuple[Path, str]]:
-    """The input files: ``root`` itself, or every file under it (recursively, sorted), with relative names."""
-    if root.is_file():
-        return [(root, root.name)]
-    if not root.is_dir():
-        raise TransformError(f"{root}: no such file or directory")
-    return [(path, path.relative_to(root).as_posix()) for path in sorted(root.rglob("*")) if path.is_file()]
 
 
 class _Job:
     """One run: the predictor, the shared pools and bounds, and the running totals."""
 
-    def __init__(self, options: TransformOptions, predictor: Predictor) -> None:
+    def __init__(self, options: TransformOptions, predictor: Predictor, source: Store, output: Store) -> None:
         self.options = options
+        self.source, self.output = source, output
         self.predictor = predictor
         concurrency = options.max_concurrent_transforms or 1
         self.requests = concurrent.futures.ThreadPoolExecutor(concurrency, thread_name_prefix="transform-request")
@@ -156,30 +155,25 @@ class _Job:
         finally:
             self.bodies.release()
 
-    def file(self, path: Path, name: str, output: Path) -> None:
-        target = output / f"{name}.out"
-        if self.options.resume and target.exists() and target.stat().st_mtime >= path.stat().st_mtime:
-            with self.lock:
-                self.summary.skipped += 1
-            return
-        target.parent.mkdir(parents=True, exist_ok=True)
-        partial = target.with_name(target.name + INCOMPLETE)
+    def file(self, path: str, name: str) -> None:
+        target = self.output.target(name)
+        if self.options.resume:
+            done, started = self.output.modified(target), self.source.modified(path)
+            if done is not None and started is not None and done >= started:
+                with self.lock:
+                    self.summary.skipped += 1
+                return
         limit = self.options.limit
         strategy = self.options.batch_strategy
         assert strategy is not None  # resolved
         try:
-            with path.open("rb") as source, partial.open("wb") as sink:
+            with self.source.open(path) as source, self.output.writing(target) as sink:
                 split = self.split(source, name)
                 for request, answer in self.answers(records.requests(split, strategy, limit, name), name):
                     sink.write(answer)
                     self.count(request.count, len(request.body), len(answer))
-            os.replace(partial, target)
         except OSError as exc:
-            partial.unlink(missing_ok=True)
             raise TransformError(f"{name}: {exc}") from exc
-        except BaseException:
-            partial.unlink(missing_ok=True)
-            raise
 
 
 def _predictor(options: TransformOptions) -> Predictor:
@@ -195,10 +189,13 @@ def _predictor(options: TransformOptions) -> Predictor:
     )
 
 
-def run(root: Path, output: Path, options: TransformOptions, predictor: Predictor | None = None) -> TransformSummary:
-    """Transform every input file under ``root`` into ``output``; a failed file is reported and the others go on
-    (all stop at the first failure with ``fail_fast``)."""
-    files = inputs(root)
+def run(
+    root: str | Path, output: str | Path, options: TransformOptions, predictor: Predictor | None = None
+) -> TransformSummary:
+    """Transform every input file under ``root`` into ``output`` (paths, or fsspec URLs such as ``s3://``); a
+    failed file is reported and the others go on (all stop at the first failure with ``fail_fast``)."""
+    source, target = storage.store(str(root)), storage.store(str(output))
+    files = source.inputs()
     if predictor is None:
         own = _predictor(options)
         try:
@@ -209,11 +206,11 @@ def run(root: Path, output: Path, options: TransformOptions, predictor: Predicto
                 close()
     options = options.resolved(predictor.execution_parameters)
     predictor.ready()  # the model loaded (or the container healthy) before any request; a failure stops the job
-    job = _Job(options, predictor)
+    job = _Job(options, predictor, source, target)
     job.summary.files = len(files)
     concurrency = options.max_concurrent_transforms or 1
     with job.requests, concurrent.futures.ThreadPoolExecutor(concurrency, thread_name_prefix="transform-file") as pool:
-        futures = {pool.submit(job.file, path, name, output): name for path, name in files}
+        futures = {pool.submit(job.file, path, name): name for path, name in files}
         for future in concurrent.futures.as_completed(futures):
             name = futures[future]
             try:
