@@ -98,6 +98,9 @@ def _transform_parser(commands: Any) -> argparse.ArgumentParser:
     add("--input-filter", default="$", help="JSONPath of what the model gets of each record, e.g. '$[1:]'")
     add("--join-source", default="None", choices=["None", "Input"], help="Input: each answer joined to its record")
     add("--output-filter", default="$", help="JSONPath of what is written of each joined record, e.g. '$[0,-1]'")
+    add("--engine", default="local", choices=["local", "dask"], help="where requests run: this process, or Dask")
+    add("--engine-address", help="an existing Dask scheduler (tcp://...); without it a LocalCluster of --workers")
+    add("--workers", type=int, help="processes of the LocalCluster for --engine dask (default: 2)")
     add("--endpoint", help="a running container's URL: send the requests there instead of to the installed hooks")
     add("--invocations-timeout-in-seconds", type=int, default=600, help="per request, with --endpoint (at most 3600)")
     add("--invocations-max-retries", type=int, default=3, help="retries of a 5xx or lost connection (at most 3)")
@@ -153,7 +156,14 @@ def _transform(command: argparse.ArgumentParser, args: argparse.Namespace) -> in
     names = [field.name for field in dataclasses.fields(transform.TransformOptions)]
     try:
         options = transform.TransformOptions(**{name: getattr(args, name) for name in names})
-        summary = local.run(args.input, args.output, options)
+        if args.engine == "dask":
+            from inference_server.transform import dask
+
+            summary = dask.run(args.input, args.output, options, address=args.engine_address, workers=args.workers)
+        elif args.engine_address or args.workers:
+            command.exit(2, "inference-server transform: error: --engine-address and --workers need --engine dask\n")
+        else:
+            summary = local.run(args.input, args.output, options)
     except ConfigurationError as exc:
         command.exit(2, f"inference-server transform: error: {exc}\n")
     except (PluginError, TransformError, ModelLoadError) as exc:

@@ -35,8 +35,9 @@ logger = logging.getLogger("inference_server")
 PROGRESS_EVERY = 10.0
 
 
-class _Job:
-    """One run: the predictor, the shared pools and bounds, and the running totals."""
+class Job:
+    """One run of the local engine (or one task of another engine): the predictor, the pools and bounds, the
+    running totals. ``file`` transforms one input file."""
 
     def __init__(self, options: TransformOptions, predictor: Predictor, source: Store, output: Store) -> None:
         self.options = options
@@ -176,7 +177,8 @@ class _Job:
             raise TransformError(f"{name}: {exc}") from exc
 
 
-def _predictor(options: TransformOptions) -> Predictor:
+def predictor_for(options: TransformOptions) -> Predictor:
+    """The installed hooks, or the container at ``options.endpoint``."""
     if options.endpoint is None:
         return BatchPredictor(model_dir=options.model_dir)
     from inference_server.transform.endpoint import EndpointPredictor
@@ -197,7 +199,7 @@ def run(
     source, target = storage.store(str(root)), storage.store(str(output))
     files = source.inputs()
     if predictor is None:
-        own = _predictor(options)
+        own = predictor_for(options)
         try:
             return run(root, output, options, own)
         finally:
@@ -206,7 +208,7 @@ def run(
                 close()
     options = options.resolved(predictor.execution_parameters)
     predictor.ready()  # the model loaded (or the container healthy) before any request; a failure stops the job
-    job = _Job(options, predictor, source, target)
+    job = Job(options, predictor, source, target)
     job.summary.files = len(files)
     concurrency = options.max_concurrent_transforms or 1
     with job.requests, concurrent.futures.ThreadPoolExecutor(concurrency, thread_name_prefix="transform-file") as pool:

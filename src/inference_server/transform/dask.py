@@ -1,0 +1,122 @@
+"""The Dask engine: a transform job on a ``dask.distributed`` cluster, each input file one task.
+
+``--engine dask`` runs on the cluster at ``--engine-address`` (``tcp://...``), else on a ``LocalCluster`` of
+``--workers`` processes on this machine. Each Dask worker process loads the model once, through the installed hooks,
+and keeps it for every task it runs; within a task the file is transformed exactly as the local engine does it (the
+same splitting, packing, ``MaxConcurrentTransforms`` requests at once, outputs renamed into place), so the outputs
+are byte for byte the local engine's. Inputs and outputs must be reachable from the workers: the same machine, a
+shared file system, or an object store (``s3://``).
+
+Needs the extra: ``pip install 'inference-server[dask]'``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from inference_server.errors import TransformError
+from inference_server.transform import Predictor, TransformOptions, TransformSummary, local, storage
+
+EXTRA = "pip install 'inference-server[dask]'"
+
+#: This worker process's predictors, by model directory or endpoint: loaded by the first task, kept for the rest.
+_predictors: dict[tuple[str | None, str | None], Predictor] = {}
+_lock = threading.Lock()
+
+
+def _predictor(options: TransformOptions) -> Predictor:
+    key = (options.model_dir, options.endpoint)
+    with _lock:
+        predictor = _predictors.get(key)
+        if predictor is None:
+            predictor = local.predictor_for(options)
+            predictor.ready()
+            _predictors[key] = predictor
+    return predictor
+
+
+def transform_file(root: str, output: str, path: str, name: str, options: TransformOptions) -> TransformSummary:
+    """One input file, on a Dask worker: its counts, and in ``failed`` its failure if it failed."""
+    job = local.Job(options, _predictor(options), storage.store(root), storage.store(output))
+    with job.requests:
+        try:
+            job.file(path, name)
+        except TransformError as exc:
+            job.summary.failed.append((name, str(exc)))
+    return job.summary
+
+
+def _client(address: str | None, workers: int | None) -> Any:
+    try:
+        from distributed import Client, LocalCluster
+    except ImportError:
+        raise TransformError(f"--engine dask needs dask.distributed: {EXTRA}") from None
+    if address:
+        return Client(address), None  # type: ignore[no-untyped-call]
+    cluster = LocalCluster(  # type: ignore[no-untyped-call]
+        n_workers=workers or 2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None
+    )
+    return Client(cluster), cluster  # type: ignore[no-untyped-call]
+
+
+def run(
+    root: str | Path,
+    output: str | Path,
+    options: TransformOptions,
+    *,
+    address: str | None = None,
+    workers: int | None = None,
+) -> TransformSummary:
+    """Transform every input file under ``root`` into ``output`` on a Dask cluster (see the module's text)."""
+    try:
+        from distributed import as_completed
+    except ImportError:
+        raise TransformError(f"--engine dask needs dask.distributed: {EXTRA}") from None
+    source = storage.store(str(root))
+    files = source.inputs()
+    parameters = local.predictor_for(options)  # the hooks' (or the container's) execution parameters
+    try:
+        options = options.resolved(parameters.execution_parameters)
+    finally:
+        close = getattr(parameters, "close", None)
+        if close is not None:
+            close()
+    started = time.monotonic()
+    summary = TransformSummary(files=len(files))
+    client, cluster = _client(address, workers)
+    try:
+        futures = [
+            client.submit(transform_file, str(root), str(output), path, name, options, pure=False, key=f"file-{name}")
+            for path, name in files
+        ]
+        names = dict(zip((future.key for future in futures), (name for _, name in files), strict=True))
+        finished: set[str] = set()
+        for future in as_completed(futures):  # type: ignore[no-untyped-call]
+            name = names[future.key]
+            finished.add(name)
+            try:
+                part: TransformSummary = future.result()
+            except Exception as exc:  # the task itself failed: a worker died, or the model could not load
+                part = TransformSummary(failed=[(name, f"{name}: {type(exc).__name__}: {exc}")])
+            summary.skipped += part.skipped
+            summary.records += part.records
+            summary.requests += part.requests
+            summary.bytes_in += part.bytes_in
+            summary.bytes_out += part.bytes_out
+            summary.failed += part.failed
+            if part.failed and options.fail_fast:
+                for other in futures:
+                    other.cancel()
+                stopped = "not started: another file failed (--fail-fast)"
+                summary.failed += [(name, stopped) for _, name in files if name not in finished]
+                break
+    finally:
+        client.close()
+        if cluster is not None:
+            cluster.close()
+    summary.failed.sort()
+    summary.seconds = time.monotonic() - started
+    return summary
