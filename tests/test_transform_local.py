@@ -3,7 +3,9 @@ that logs every call (its body size) so that the tests see the requests the job 
 
 from __future__ import annotations
 
+import contextlib
 import os
+import pty
 import signal
 import subprocess
 import sys
@@ -233,3 +235,32 @@ def test_filters_outside_line_or_none_splits_are_refused(job: Job) -> None:
     result = job.run("--content-type", "text/csv", "--split-type", "RecordIO", "--input-filter", "$[1:]")
     assert result.returncode == 2
     assert "need SplitType Line or None" in result.stderr
+
+
+def test_a_progress_bar_on_a_terminal_and_none_in_a_file(job: Job) -> None:
+    """stderr a terminal (a pseudo-TTY): a progress bar with bytes, records and the total; a file: no bar, only the
+    summary; --quiet: neither (warnings still show)."""
+    job.write("a.csv", b"".join(b"%05d\n" % i for i in range(2000)))
+    options = ("--split-type", "Line", "--batch-strategy", "SingleRecord", "--max-concurrent-transforms", "2")
+    main, terminal = pty.openpty()
+    try:
+        process = subprocess.Popen(
+            job.command(*options), env=job.env, stdin=subprocess.DEVNULL, stdout=terminal, stderr=terminal
+        )
+        os.close(terminal)
+        shown = b""
+        with contextlib.suppress(OSError):  # EIO once the child has closed the terminal
+            while chunk := os.read(main, 65536):
+                shown += chunk
+        assert process.wait(60) == 0
+    finally:
+        os.close(main)
+    assert b"transform: 100%" in shown
+    assert b"2000 records" in shown
+    assert b"11.7k/11.7k" in shown  # bytes of the inputs' total
+    in_a_file = job.run(*options)
+    assert "transform: " not in in_a_file.stderr.replace("inference-server transform", "")
+    assert "2000 records in 2000 requests" in in_a_file.stderr
+    quiet = job.run(*options, "--quiet")
+    assert "transform" not in quiet.stderr.lower().replace("inference_server", "")
+    assert "records" not in quiet.stderr

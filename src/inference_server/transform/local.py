@@ -11,11 +11,13 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import logging
+import shutil
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from inference_server.errors import HookError, HTTPError, PredictionError, TransformError
 from inference_server.transform import (
@@ -52,17 +54,23 @@ class Job:
             options.content_type, options.input_filter, options.join_source, options.output_filter
         )
         self.summary = TransformSummary()
+        #: The progress bar, when there is one (see :func:`progress_bar`).
+        self.bar: Any = None
         self.started = time.monotonic()
         self.reported = self.started
 
-    def count(self, records: int, bytes_in: int, bytes_out: int) -> None:
+    def count(self, records: int, bytes_in: int, bytes_out: int, read: int = 0) -> None:
+        """Add one request to the totals; ``read``: bytes of its input file it got through (for the bar)."""
         with self.lock:
             self.summary.records += records
             self.summary.requests += 1
             self.summary.bytes_in += bytes_in
             self.summary.bytes_out += bytes_out
             now = time.monotonic()
-            if not self.options.quiet and now - self.reported >= PROGRESS_EVERY:
+            if self.bar is not None:
+                self.bar.update(read)
+                self.bar.set_postfix_str(f"{self.summary.records} records", refresh=False)
+            elif not self.options.quiet and now - self.reported >= PROGRESS_EVERY:
                 self.reported = now
                 elapsed = now - self.started
                 logger.info(
@@ -170,9 +178,11 @@ class Job:
         try:
             with self.source.open(path) as source, self.output.writing(target) as sink:
                 split = self.split(source, name)
+                read = 0
                 for request, answer in self.answers(records.requests(split, strategy, limit, name), name):
                     sink.write(answer)
-                    self.count(request.count, len(request.body), len(answer))
+                    self.count(request.count, len(request.body), len(answer), request.end - read)
+                    read = request.end
         except OSError as exc:
             raise TransformError(f"{name}: {exc}") from exc
 
@@ -210,6 +220,7 @@ def run(
     predictor.ready()  # the model loaded (or the container healthy) before any request; a failure stops the job
     job = Job(options, predictor, source, target)
     job.summary.files = len(files)
+    job.bar = progress_bar(options, sum(source.size(path) for path, _ in files))
     concurrency = options.max_concurrent_transforms or 1
     with job.requests, concurrent.futures.ThreadPoolExecutor(concurrency, thread_name_prefix="transform-file") as pool:
         futures = {pool.submit(job.file, path, name): name for path, name in files}
@@ -227,6 +238,30 @@ def run(
                         other.cancel()
             except concurrent.futures.CancelledError:
                 job.summary.failed.append((name, "not started: another file failed (--fail-fast)"))
+    if job.bar is not None:
+        job.bar.close()
     job.summary.failed.sort()
     job.summary.seconds = time.monotonic() - job.started
     return job.summary
+
+
+def progress_bar(options: TransformOptions, total: int) -> Any:
+    """A progress bar on stderr (bytes sent of the inputs' total, records, rate, ETA) when stderr is a terminal and
+    the job is not quiet; else None, and a line is logged every :data:`PROGRESS_EVERY` seconds instead.
+
+    tqdm: one small pure-Python package, which draws on any terminal and writes nothing when stderr is a file."""
+    if options.quiet or not sys.stderr.isatty():
+        return None
+    from tqdm import tqdm  # type: ignore[import-untyped]
+
+    size = shutil.get_terminal_size()  # 80 x 24 where the terminal says 0 x 0 (tqdm would then draw nothing)
+    return tqdm(
+        total=total,
+        unit="B",
+        unit_scale=True,
+        unit_divisor=1024,
+        desc="transform",
+        file=sys.stderr,
+        ncols=size.columns,
+        nrows=size.lines,
+    )

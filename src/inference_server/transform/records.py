@@ -56,6 +56,8 @@ class Request:
     count: int
     #: The records as read, one per record, when they are needed after the answer (``JoinSource Input``).
     originals: tuple[bytes, ...] = ()
+    #: Where the last record ends in the file: how far the job has read.
+    end: int = 0
 
 
 def split(stream: BinaryIO, split_type: str, name: str) -> Iterator[Record]:
@@ -152,7 +154,7 @@ def requests(records: Iterable[Record], strategy: BatchStrategy, limit: int | No
     single = strategy is BatchStrategy.SINGLE_RECORD
     pending: list[bytes] = []
     originals: list[bytes] = []
-    size = first = 0
+    size = first = end = 0
     for record in records:
         original = () if record.original is None else (record.original,)
         part = record.payload if single else record.framed
@@ -162,18 +164,19 @@ def requests(records: Iterable[Record], strategy: BatchStrategy, limit: int | No
                 f"{limit} bytes (MaxPayloadInMB); raise --max-payload-in-mb (at most 100) or split the file"
             )
         if single:
-            yield Request(part, record.index, 1, original)
+            yield Request(part, record.index, 1, original, record.offset + len(record.framed))
             continue
         if pending and limit is not None and size + len(part) > limit:
-            yield Request(b"".join(pending), first, len(pending), tuple(originals))
+            yield Request(b"".join(pending), first, len(pending), tuple(originals), end)
             pending, originals, size = [], [], 0
         if not pending:
             first = record.index
         pending.append(part)
         originals.extend(original)
         size += len(part)
+        end = record.offset + len(record.framed)
     if pending:
-        yield Request(b"".join(pending), first, len(pending), tuple(originals))
+        yield Request(b"".join(pending), first, len(pending), tuple(originals), end)
 
 
 def assembled(answer: bytes, assemble_with: str) -> bytes:

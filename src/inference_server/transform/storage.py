@@ -49,6 +49,10 @@ class Store:
             return os.stat(path).st_mtime
         return None
 
+    def size(self, path: str) -> int:
+        """The file's size in bytes."""
+        return os.stat(path).st_size
+
     def open(self, path: str) -> BinaryIO:
         return open(path, "rb")
 
@@ -95,6 +99,9 @@ class RemoteStore(Store):
         if not self.fs.exists(path):
             return None
         return float(self.fs.modified(path).timestamp())
+
+    def size(self, path: str) -> int:
+        return int(self.fs.size(path))
 
     def open(self, path: str) -> BinaryIO:
         return self.fs.open(path, "rb")  # type: ignore[no-any-return]
