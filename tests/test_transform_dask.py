@@ -65,10 +65,27 @@ def test_without_the_extra_the_error_names_it(tmp_path: Path) -> None:
     assert "pip install 'inference-server[dask]'" in result.stderr
 
 
-def test_workers_without_dask_is_a_usage_error(tmp_path: Path) -> None:
-    """--workers and --engine-address belong to --engine dask: exit 2 saying so."""
+def test_an_engine_address_without_dask_is_a_usage_error(tmp_path: Path) -> None:
+    """--engine-address belongs to --engine dask: exit 2 saying so."""
     (tmp_path / "in").mkdir()
     command = [sys.executable, "-m", "inference_server", "transform", str(tmp_path / "in"), str(tmp_path / "o")]
-    result = subprocess.run([*command, "--workers", "2"], capture_output=True, text=True, timeout=60)
+    result = subprocess.run([*command, "--engine-address", "tcp://x"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
-    assert "need --engine dask" in result.stderr
+    assert "needs --engine dask" in result.stderr
+
+
+def test_local_worker_processes_match_one_process(tmp_path: Path, servers: Any, plugin_site: Any) -> None:
+    """--workers 2 on the local engine: files shared among 2 processes, each loading the model once; the same
+    outputs and the same failure as one process."""
+    job = _job(tmp_path, servers, plugin_site)
+    options = ("--split-type", "Line", "--batch-strategy", "SingleRecord", "--assemble-with", "Line")
+    assert job.run(*options).returncode == 1
+    expected = {path.relative_to(job.output): path.read_bytes() for path in job.output.rglob("*.out")}
+    job.output = tmp_path / "out-processes"
+    (tmp_path / "calls.log.loads").unlink()
+    result = job.run(*options, "--workers", "2")
+    assert result.returncode == 1, result.stderr
+    assert "8 of 9 files transformed (0 skipped, 1 failed)" in result.stderr
+    assert {path.relative_to(job.output): path.read_bytes() for path in job.output.rglob("*.out")} == expected
+    loads = (tmp_path / "calls.log.loads").read_text().split()
+    assert len(loads) == len(set(loads)) <= 2

@@ -100,7 +100,7 @@ def _transform_parser(commands: Any) -> argparse.ArgumentParser:
     add("--output-filter", default="$", help="JSONPath of what is written of each joined record, e.g. '$[0,-1]'")
     add("--engine", default="local", choices=["local", "dask"], help="where requests run: this process, or Dask")
     add("--engine-address", help="an existing Dask scheduler (tcp://...); without it a LocalCluster of --workers")
-    add("--workers", type=int, help="processes of the LocalCluster for --engine dask (default: 2)")
+    add("--workers", type=int, help="processes, each with its own model (default: 1; a LocalCluster's: 2)")
     add("--endpoint", help="a running container's URL: send the requests there instead of to the installed hooks")
     add("--invocations-timeout-in-seconds", type=int, default=600, help="per request, with --endpoint (at most 3600)")
     add("--invocations-max-retries", type=int, default=3, help="retries of a 5xx or lost connection (at most 3)")
@@ -160,10 +160,10 @@ def _transform(command: argparse.ArgumentParser, args: argparse.Namespace) -> in
             from inference_server.transform import dask
 
             summary = dask.run(args.input, args.output, options, address=args.engine_address, workers=args.workers)
-        elif args.engine_address or args.workers:
-            command.exit(2, "inference-server transform: error: --engine-address and --workers need --engine dask\n")
+        elif args.engine_address:
+            command.exit(2, "inference-server transform: error: --engine-address needs --engine dask\n")
         else:
-            summary = local.run(args.input, args.output, options)
+            summary = local.run(args.input, args.output, options, workers=args.workers)
     except ConfigurationError as exc:
         command.exit(2, f"inference-server transform: error: {exc}\n")
     except (PluginError, TransformError, ModelLoadError) as exc:

@@ -169,6 +169,15 @@ class TransformSummary:
     seconds: float = 0.0
     failed: list[tuple[str, str]] = field(default_factory=list)
 
+    def add(self, part: TransformSummary) -> None:
+        """Add the counts and failures of a part of the job (one file, done elsewhere)."""
+        self.skipped += part.skipped
+        self.records += part.records
+        self.requests += part.requests
+        self.bytes_in += part.bytes_in
+        self.bytes_out += part.bytes_out
+        self.failed += part.failed
+
     @property
     def ok(self) -> bool:
         """True when every input file was transformed (or skipped by ``resume``)."""

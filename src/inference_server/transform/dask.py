@@ -12,41 +12,14 @@ Needs the extra: ``pip install 'inference-server[dask]'``.
 
 from __future__ import annotations
 
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from inference_server.errors import TransformError
-from inference_server.transform import Predictor, TransformOptions, TransformSummary, local, storage
+from inference_server.transform import TransformOptions, TransformSummary, local, storage
 
 EXTRA = "pip install 'inference-server[dask]'"
-
-#: This worker process's predictors, by model directory or endpoint: loaded by the first task, kept for the rest.
-_predictors: dict[tuple[str | None, str | None], Predictor] = {}
-_lock = threading.Lock()
-
-
-def _predictor(options: TransformOptions) -> Predictor:
-    key = (options.model_dir, options.endpoint)
-    with _lock:
-        predictor = _predictors.get(key)
-        if predictor is None:
-            predictor = local.predictor_for(options)
-            predictor.ready()
-            _predictors[key] = predictor
-    return predictor
-
-
-def transform_file(root: str, output: str, path: str, name: str, options: TransformOptions) -> TransformSummary:
-    """One input file, on a Dask worker: its counts, and in ``failed`` its failure if it failed."""
-    job = local.Job(options, _predictor(options), storage.store(root), storage.store(output))
-    with job.requests:
-        try:
-            job.file(path, name)
-        except TransformError as exc:
-            job.summary.failed.append((name, str(exc)))
-    return job.summary
 
 
 def _client(address: str | None, workers: int | None) -> Any:
@@ -77,19 +50,15 @@ def run(
         raise TransformError(f"--engine dask needs dask.distributed: {EXTRA}") from None
     source = storage.store(str(root))
     files = source.inputs()
-    parameters = local.predictor_for(options)  # the hooks' (or the container's) execution parameters
-    try:
-        options = options.resolved(parameters.execution_parameters)
-    finally:
-        close = getattr(parameters, "close", None)
-        if close is not None:
-            close()
+    options = local.resolved_elsewhere(options)
     started = time.monotonic()
     summary = TransformSummary(files=len(files))
     client, cluster = _client(address, workers)
     try:
         futures = [
-            client.submit(transform_file, str(root), str(output), path, name, options, pure=False, key=f"file-{name}")
+            client.submit(
+                local.transform_file, str(root), str(output), path, name, options, pure=False, key=f"file-{name}"
+            )
             for path, name in files
         ]
         names = dict(zip((future.key for future in futures), (name for _, name in files), strict=True))
@@ -101,12 +70,7 @@ def run(
                 part: TransformSummary = future.result()
             except Exception as exc:  # the task itself failed: a worker died, or the model could not load
                 part = TransformSummary(failed=[(name, f"{name}: {type(exc).__name__}: {exc}")])
-            summary.skipped += part.skipped
-            summary.records += part.records
-            summary.requests += part.requests
-            summary.bytes_in += part.bytes_in
-            summary.bytes_out += part.bytes_out
-            summary.failed += part.failed
+            summary.add(part)
             if part.failed and options.fail_fast:
                 for other in futures:
                     other.cancel()

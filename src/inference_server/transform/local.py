@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import logging
+import multiprocessing
 import shutil
 import sys
 import threading
@@ -201,13 +202,94 @@ def predictor_for(options: TransformOptions) -> Predictor:
     )
 
 
+#: This process's predictors, by model directory and endpoint, when it runs files for another process (``--workers``
+#: processes, Dask workers): loaded by the first file, kept for the rest.
+_predictors: dict[tuple[str | None, str | None], Predictor] = {}
+_predictors_lock = threading.Lock()
+
+
+def _kept_predictor(options: TransformOptions) -> Predictor:
+    key = (options.model_dir, options.endpoint)
+    with _predictors_lock:
+        predictor = _predictors.get(key)
+        if predictor is None:
+            predictor = predictor_for(options)
+            predictor.ready()
+            _predictors[key] = predictor
+    return predictor
+
+
+def resolved_elsewhere(options: TransformOptions) -> TransformOptions:
+    """The options completed from the hooks' (or the container's) execution parameters, for a job whose files run in
+    other processes: the model is not loaded here."""
+    parameters = predictor_for(options)
+    try:
+        return options.resolved(parameters.execution_parameters)
+    finally:
+        close = getattr(parameters, "close", None)
+        if close is not None:
+            close()
+
+
+def transform_file(root: str, output: str, path: str, name: str, options: TransformOptions) -> TransformSummary:
+    """One input file, in a worker process: its counts, and in ``failed`` its failure if it failed."""
+    job = Job(options, _kept_predictor(options), storage.store(root), storage.store(output))
+    with job.requests:
+        try:
+            job.file(path, name)
+        except TransformError as exc:
+            job.summary.failed.append((name, str(exc)))
+    return job.summary
+
+
+def _in_processes(
+    root: str, output: str, files: list[tuple[str, str]], options: TransformOptions, workers: int
+) -> TransformSummary:
+    """The job's files in ``workers`` processes (spawned: each loads the model once, through the hooks)."""
+    started = time.monotonic()
+    summary = TransformSummary(files=len(files))
+    sizes = {name: storage.store(root).size(path) for path, name in files}
+    bar = progress_bar(options, sum(sizes.values()))  # advanced file by file
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
+        futures = {pool.submit(transform_file, root, output, path, name, options): name for path, name in files}
+        for future in concurrent.futures.as_completed(futures):
+            name = futures[future]
+            try:
+                part = future.result()
+            except concurrent.futures.CancelledError:
+                part = TransformSummary(failed=[(name, "not started: another file failed (--fail-fast)")])
+            except Exception as exc:  # the process died, or the model could not load there
+                part = TransformSummary(failed=[(name, f"{name}: {type(exc).__name__}: {exc}")])
+            summary.add(part)
+            if bar is not None:
+                bar.update(sizes[name])
+                bar.set_postfix_str(f"{summary.records} records", refresh=False)
+            if part.failed and options.fail_fast:
+                for other in futures:
+                    other.cancel()
+    if bar is not None:
+        bar.close()
+    summary.failed.sort()
+    summary.seconds = time.monotonic() - started
+    return summary
+
+
 def run(
-    root: str | Path, output: str | Path, options: TransformOptions, predictor: Predictor | None = None
+    root: str | Path,
+    output: str | Path,
+    options: TransformOptions,
+    predictor: Predictor | None = None,
+    *,
+    workers: int | None = None,
 ) -> TransformSummary:
     """Transform every input file under ``root`` into ``output`` (paths, or fsspec URLs such as ``s3://``); a
-    failed file is reported and the others go on (all stop at the first failure with ``fail_fast``)."""
+    failed file is reported and the others go on (all stop at the first failure with ``fail_fast``). With
+    ``workers`` above 1, files are shared among that many processes, each with its own model."""
     source, target = storage.store(str(root)), storage.store(str(output))
     files = source.inputs()
+    if workers is not None and workers > 1 and predictor is None:
+        return _in_processes(str(root), str(output), files, resolved_elsewhere(options), workers)
     if predictor is None:
         own = predictor_for(options)
         try:
