@@ -71,7 +71,7 @@ def test_an_engine_address_without_dask_is_a_usage_error(tmp_path: Path) -> None
     command = [sys.executable, "-m", "inference_server", "transform", str(tmp_path / "in"), str(tmp_path / "o")]
     result = subprocess.run([*command, "--engine-address", "tcp://x"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
-    assert "needs --engine dask" in result.stderr
+    assert "needs --engine dask or ray" in result.stderr
 
 
 def test_local_worker_processes_match_one_process(tmp_path: Path, servers: Any, plugin_site: Any) -> None:
@@ -86,6 +86,24 @@ def test_local_worker_processes_match_one_process(tmp_path: Path, servers: Any, 
     result = job.run(*options, "--workers", "2")
     assert result.returncode == 1, result.stderr
     assert "8 of 9 files transformed (0 skipped, 1 failed)" in result.stderr
+    assert {path.relative_to(job.output): path.read_bytes() for path in job.output.rglob("*.out")} == expected
+    loads = (tmp_path / "calls.log.loads").read_text().split()
+    assert len(loads) == len(set(loads)) <= 2
+
+
+def test_ray_output_is_the_local_engines_byte_for_byte(tmp_path: Path, servers: Any, plugin_site: Any) -> None:
+    """--engine ray (a local Ray on 127.0.0.1, 2 actors): the same files and the same failure as the local
+    engine; each actor loads the model once."""
+    job = _job(tmp_path, servers, plugin_site)
+    options = ("--split-type", "Line", "--batch-strategy", "MultiRecord", "--assemble-with", "Line")
+    assert job.run(*options).returncode == 1
+    expected = {path.relative_to(job.output): path.read_bytes() for path in job.output.rglob("*.out")}
+    job.output = tmp_path / "out-ray"
+    (tmp_path / "calls.log.loads").unlink()
+    result = job.run(*options, "--engine", "ray", "--workers", "2", env={"RAY_USAGE_STATS_ENABLED": "0"})
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "8 of 9 files transformed (0 skipped, 1 failed)" in result.stderr
+    assert "failed: sub/deep.csv: sub/deep.csv: the request of records 0 to 1 failed" in result.stderr
     assert {path.relative_to(job.output): path.read_bytes() for path in job.output.rglob("*.out")} == expected
     loads = (tmp_path / "calls.log.loads").read_text().split()
     assert len(loads) == len(set(loads)) <= 2

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import importlib
 import importlib.metadata
 import logging
 import sys
@@ -98,8 +99,8 @@ def _transform_parser(commands: Any) -> argparse.ArgumentParser:
     add("--input-filter", default="$", help="JSONPath of what the model gets of each record, e.g. '$[1:]'")
     add("--join-source", default="None", choices=["None", "Input"], help="Input: each answer joined to its record")
     add("--output-filter", default="$", help="JSONPath of what is written of each joined record, e.g. '$[0,-1]'")
-    add("--engine", default="local", choices=["local", "dask"], help="where requests run: this process, or Dask")
-    add("--engine-address", help="an existing Dask scheduler (tcp://...); without it a LocalCluster of --workers")
+    add("--engine", default="local", choices=["local", "dask", "ray"], help="where the files are transformed")
+    add("--engine-address", help="an existing Dask scheduler (tcp://...) or Ray cluster; else a local one")
     add("--workers", type=int, help="processes, each with its own model (default: 1; a LocalCluster's: 2)")
     add("--endpoint", help="a running container's URL: send the requests there instead of to the installed hooks")
     add("--invocations-timeout-in-seconds", type=int, default=600, help="per request, with --endpoint (at most 3600)")
@@ -156,12 +157,11 @@ def _transform(command: argparse.ArgumentParser, args: argparse.Namespace) -> in
     names = [field.name for field in dataclasses.fields(transform.TransformOptions)]
     try:
         options = transform.TransformOptions(**{name: getattr(args, name) for name in names})
-        if args.engine == "dask":
-            from inference_server.transform import dask
-
-            summary = dask.run(args.input, args.output, options, address=args.engine_address, workers=args.workers)
+        if args.engine in ("dask", "ray"):
+            engine = importlib.import_module(f"inference_server.transform.{args.engine}")
+            summary = engine.run(args.input, args.output, options, address=args.engine_address, workers=args.workers)
         elif args.engine_address:
-            command.exit(2, "inference-server transform: error: --engine-address needs --engine dask\n")
+            command.exit(2, "inference-server transform: error: --engine-address needs --engine dask or ray\n")
         else:
             summary = local.run(args.input, args.output, options, workers=args.workers)
     except ConfigurationError as exc:

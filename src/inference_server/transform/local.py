@@ -208,7 +208,8 @@ _predictors: dict[tuple[str | None, str | None], Predictor] = {}
 _predictors_lock = threading.Lock()
 
 
-def _kept_predictor(options: TransformOptions) -> Predictor:
+def kept_predictor(options: TransformOptions) -> Predictor:
+    """This process's predictor for ``options``, made ready by the first caller and kept."""
     key = (options.model_dir, options.endpoint)
     with _predictors_lock:
         predictor = _predictors.get(key)
@@ -233,7 +234,7 @@ def resolved_elsewhere(options: TransformOptions) -> TransformOptions:
 
 def transform_file(root: str, output: str, path: str, name: str, options: TransformOptions) -> TransformSummary:
     """One input file, in a worker process: its counts, and in ``failed`` its failure if it failed."""
-    job = Job(options, _kept_predictor(options), storage.store(root), storage.store(output))
+    job = Job(options, kept_predictor(options), storage.store(root), storage.store(output))
     with job.requests:
         try:
             job.file(path, name)
