@@ -12,33 +12,13 @@ import pytest
 
 from inference_server.errors import PredictionError, TransformError
 from inference_server.transform.endpoint import EndpointPredictor
+from tests.test_transform_local import COUNTING
 
-CONTAINER = """
-    import os
-    from pathlib import Path
-
-    import inference_server
-
-    @inference_server.plugin_hook
-    def input_fn(input_data, content_type):
-        return bytes(input_data)
-
-    @inference_server.plugin_hook
-    def predict_fn(data, model):
-        with open(os.environ["CALLS_LOG"], "a") as log:
-            log.write(f"{len(data)}\\n")
-        flaky = Path(os.environ["CALLS_LOG"] + ".flaky")
-        if data.startswith(b"flaky") and not flaky.exists():
-            flaky.touch()
-            raise RuntimeError("failing once")
-        if data.startswith(b"fail"):
-            raise ValueError("always failing")
-        return data.upper()
-
-    @inference_server.plugin_hook
-    def output_fn(prediction, accept):
-        return prediction, "application/octet-stream"
-
+#: The call-logging plugin of the local tests (it fails once on "flaky", always on "fail"), with execution
+#: parameters of its own.
+CONTAINER = (
+    COUNTING
+    + """
     @inference_server.plugin_hook
     def batch_strategy():
         return "SingleRecord"
@@ -47,6 +27,7 @@ CONTAINER = """
     def max_payload_in_mb():
         return 1
 """
+)
 
 
 @pytest.fixture

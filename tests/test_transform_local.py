@@ -33,6 +33,10 @@ COUNTING = """
         delay = float(os.environ.get("CALL_DELAY", "0"))
         if delay:
             time.sleep(random.uniform(0, delay))
+        flaky = os.environ["CALLS_LOG"] + ".flaky"
+        if data.startswith(b"flaky") and not os.path.exists(flaky):
+            open(flaky, "w").close()
+            raise RuntimeError("failing once")
         if data.startswith(b"fail"):
             raise ValueError("asked to fail")
         if os.environ.get("FIRST_LINE_ONLY"):
