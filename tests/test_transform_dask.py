@@ -1,5 +1,6 @@
-"""``inference-server transform --engine dask``: a real Dask LocalCluster of 2 worker processes, outputs byte for
-byte those of the local engine, the model loaded once per Dask worker."""
+"""``inference-server transform`` on several processes (``--workers``, a real Dask LocalCluster, a local Ray): outputs
+byte for byte those of the local engine, a large file cut into parts transformed apart, the model loaded once per
+worker process."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from tests.test_transform_local import COUNTING, Job
 
@@ -22,12 +25,17 @@ LOADING = (
 )
 
 
+#: The big file is cut into parts, transformed as separate tasks (the outputs must not show it).
+PARTS = ("--part-size-mb", "1")
+
+
 def _job(tmp_path: Path, servers: Any, plugin_site: Any) -> Job:
     plugin_site.add("loading", LOADING)
     job = Job(tmp_path, servers)
     for i in range(8):
         job.write(f"part-{i}.csv", b"".join(b"%d,%d\n" % (i, n) for n in range(300)))
     job.write("sub/deep.csv", b"fail\nlater\n")
+    job.write("big.csv", b"".join(b"%d,%s\n" % (n, b"v" * (n % 1999)) for n in range(2600)))  # 2.6 MB: 3 parts
     return job
 
 
@@ -35,18 +43,20 @@ def test_dask_output_is_the_local_engines_byte_for_byte(tmp_path: Path, servers:
     """The same job on a LocalCluster and on the local engine writes identical files and reports the same failure;
     each Dask worker process loads the model once, however many files it transforms."""
     job = _job(tmp_path, servers, plugin_site)
-    options = ("--split-type", "Line", "--batch-strategy", "MultiRecord", "--max-payload-in-mb", "1")
+    options = ("--split-type", "Line", "--batch-strategy", "MultiRecord", "--max-payload-in-mb", "1", *PARTS)
     local = job.run(*options, "--assemble-with", "Line")
     assert local.returncode == 1
     expected = {path.relative_to(job.output): path.read_bytes() for path in job.output.rglob("*.out")}
-    assert len(expected) == 8
+    assert len(expected) == 9
     job.output = tmp_path / "out-dask"
     (tmp_path / "calls.log.loads").unlink()
     dask = job.run(*options, "--assemble-with", "Line", "--engine", "dask", "--workers", "2")
     assert dask.returncode == 1, dask.stderr
     assert "failed: sub/deep.csv: sub/deep.csv: the request of records 0 to 1 failed" in dask.stderr
-    assert "8 of 9 files transformed (0 skipped, 1 failed)" in dask.stderr
-    assert {path.relative_to(job.output): path.read_bytes() for path in job.output.rglob("*.out")} == expected
+    assert "9 of 10 files transformed (0 skipped, 1 failed)" in dask.stderr
+    assert {
+        path.relative_to(job.output): path.read_bytes() for path in job.output.rglob("*") if path.is_file()
+    } == expected
     loads = (tmp_path / "calls.log.loads").read_text().split()
     assert 1 <= len(loads) <= 2
     assert len(set(loads)) == len(loads)
@@ -78,15 +88,17 @@ def test_local_worker_processes_match_one_process(tmp_path: Path, servers: Any, 
     """--workers 2 on the local engine: files shared among 2 processes, each loading the model once; the same
     outputs and the same failure as one process."""
     job = _job(tmp_path, servers, plugin_site)
-    options = ("--split-type", "Line", "--batch-strategy", "SingleRecord", "--assemble-with", "Line")
+    options = ("--split-type", "Line", "--batch-strategy", "SingleRecord", "--assemble-with", "Line", *PARTS)
     assert job.run(*options).returncode == 1
     expected = {path.relative_to(job.output): path.read_bytes() for path in job.output.rglob("*.out")}
     job.output = tmp_path / "out-processes"
     (tmp_path / "calls.log.loads").unlink()
     result = job.run(*options, "--workers", "2")
     assert result.returncode == 1, result.stderr
-    assert "8 of 9 files transformed (0 skipped, 1 failed)" in result.stderr
-    assert {path.relative_to(job.output): path.read_bytes() for path in job.output.rglob("*.out")} == expected
+    assert "9 of 10 files transformed (0 skipped, 1 failed)" in result.stderr
+    assert {
+        path.relative_to(job.output): path.read_bytes() for path in job.output.rglob("*") if path.is_file()
+    } == expected
     loads = (tmp_path / "calls.log.loads").read_text().split()
     assert len(loads) == len(set(loads)) <= 2
 
@@ -95,15 +107,108 @@ def test_ray_output_is_the_local_engines_byte_for_byte(tmp_path: Path, servers: 
     """--engine ray (a local Ray on 127.0.0.1, 2 actors): the same files and the same failure as the local
     engine; each actor loads the model once."""
     job = _job(tmp_path, servers, plugin_site)
-    options = ("--split-type", "Line", "--batch-strategy", "MultiRecord", "--assemble-with", "Line")
+    options = ("--split-type", "Line", "--batch-strategy", "MultiRecord", "--assemble-with", "Line", *PARTS)
     assert job.run(*options).returncode == 1
     expected = {path.relative_to(job.output): path.read_bytes() for path in job.output.rglob("*.out")}
     job.output = tmp_path / "out-ray"
     (tmp_path / "calls.log.loads").unlink()
     result = job.run(*options, "--engine", "ray", "--workers", "2", env={"RAY_USAGE_STATS_ENABLED": "0"})
     assert result.returncode == 1, result.stderr[-3000:]
-    assert "8 of 9 files transformed (0 skipped, 1 failed)" in result.stderr
+    assert "9 of 10 files transformed (0 skipped, 1 failed)" in result.stderr
     assert "failed: sub/deep.csv: sub/deep.csv: the request of records 0 to 1 failed" in result.stderr
-    assert {path.relative_to(job.output): path.read_bytes() for path in job.output.rglob("*.out")} == expected
+    assert {
+        path.relative_to(job.output): path.read_bytes() for path in job.output.rglob("*") if path.is_file()
+    } == expected
     loads = (tmp_path / "calls.log.loads").read_text().split()
     assert len(loads) == len(set(loads)) <= 2
+
+
+SUMMING = """
+    import os
+
+    import inference_server
+
+    @inference_server.plugin_hook
+    def model_fn(model_dir):
+        with open(os.environ["CALLS_LOG"] + ".loads", "a") as log:
+            log.write(f"{os.getpid()}\\n")
+        return "model"
+
+    @inference_server.plugin_hook
+    def predict_fn(data, model):
+        with open(os.environ["CALLS_LOG"], "a") as log:
+            log.write(f"{len(data)}\\n")
+        return data.sum(axis=1, keepdims=True)
+"""
+
+MAP_PARTITIONS = """
+import sys
+
+import dask.dataframe as dd
+import pandas
+from distributed import Client, LocalCluster
+
+from inference_server.transform.dask import map_partitions
+
+frame = pandas.DataFrame({"a": range(1000), "b": [0.5] * 1000}, index=range(5000, 6000))
+with LocalCluster(n_workers=2, threads_per_worker=1, host="127.0.0.1", dashboard_address=None) as cluster:
+    with Client(cluster):
+        features = dd.from_pandas(frame, npartitions=4)
+        scores = map_partitions(features, meta={"total": "f8"}, max_payload_in_mb=1, batch_strategy=sys.argv[1])
+        assert scores.npartitions == 4
+        got = scores.compute()
+        assert list(got.index) == list(range(5000, 6000)), got.index
+        assert got["total"].tolist() == [a + 0.5 for a in range(1000)], got
+        assert str(got["total"].dtype) == "float64"
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("strategy", ["MultiRecord", "SingleRecord"])
+def test_map_partitions_predicts_a_dask_dataframe_with_its_index(
+    strategy: str, tmp_path: Path, servers: Any, plugin_site: Any
+) -> None:
+    """map_partitions on a LocalCluster: each partition's rows go through the hooks as CSV records (one request
+    per partition with MultiRecord, one per row with SingleRecord) and come back as a Dask DataFrame with the
+    input's index and meta's columns and dtypes; the model is loaded once per worker."""
+    plugin_site.add("summing", SUMMING)
+    env = servers.environment(None, {"CALLS_LOG": str(tmp_path / "calls.log")})
+    script = [sys.executable, "-c", MAP_PARTITIONS, strategy]
+    result = subprocess.run(script, env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip() == "ok"
+    calls = [int(size) for size in (tmp_path / "calls.log").read_text().split()]
+    assert sum(calls) == 1000
+    assert calls == ([250] * 4 if strategy == "MultiRecord" else [1] * 1000)
+    loads = (tmp_path / "calls.log.loads").read_text().split()
+    assert len(loads) == len(set(loads)) <= 2
+
+
+def test_map_partitions_refuses_media_types_it_cannot_read_back(tmp_path: Path) -> None:
+    """Only CSV and JSON Lines frames: another content type is a TransformError before anything runs."""
+    import dask.dataframe as dd
+    import pandas
+
+    from inference_server.errors import TransformError
+    from inference_server.transform.dask import map_partitions
+
+    frame = dd.from_pandas(pandas.DataFrame({"a": [1]}), npartitions=1)
+    with pytest.raises(TransformError, match="text/csv or application/jsonlines, not application/x-npy"):
+        map_partitions(frame, meta={"a": "f8"}, accept="application/x-npy")
+
+
+def test_ray_fail_fast_stops_starting_files(tmp_path: Path, servers: Any, plugin_site: Any) -> None:
+    """--engine ray --fail-fast: the first failure stops the job; the files not reported done by then are failed
+    as stopped, and most never ran (one actor: at most the few in flight at the stop finish)."""
+    plugin_site.add("loading", LOADING)
+    job = Job(tmp_path, servers)
+    job.write("0.csv", b"fail\n")
+    for i in range(1, 7):
+        job.write(f"{i}.csv", b"slow\n")
+    options = ("--split-type", "Line", "--engine", "ray", "--workers", "1", "--fail-fast")
+    result = job.run(*options, env={"RAY_USAGE_STATS_ENABLED": "0", "CALL_DELAY": "3"})
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "failed: 0.csv: 0.csv: the request of records 0 to 0 failed" in result.stderr
+    stopped = result.stderr.count("stopped: another file failed first (--fail-fast)")
+    assert stopped >= 3, result.stderr[-3000:]
+    assert len(list(job.output.rglob("*.out"))) <= 3

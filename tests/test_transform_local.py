@@ -268,3 +268,85 @@ def test_a_progress_bar_on_a_terminal_and_none_in_a_file(job: Job) -> None:
     quiet = job.run(*options, "--quiet")
     assert "transform" not in quiet.stderr.lower().replace("inference_server", "")
     assert "records" not in quiet.stderr
+
+
+def test_plan_cuts_large_files_into_parts_and_resume_skips_finished_ones(tmp_path: Path) -> None:
+    """A file over the part size is a task per part (ceil(size / part size)); a smaller one, or any file of
+    SplitType None, is one task; with resume a file whose .out is newer has none."""
+    from inference_server.transform import TransformOptions, local, storage
+
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.csv").write_bytes(b"x\n" * (5 << 18))  # 2.5 MiB
+    (tmp_path / "in" / "b.csv").write_bytes(b"y\n")
+    source, output = storage.store(str(tmp_path / "in")), storage.store(str(tmp_path / "out"))
+    files = source.inputs()
+    options = TransformOptions(split_type="Line", part_size_mb=1)
+    assert [(t.name, t.part, t.parts) for t in local.plan(source, output, files, options)] == [
+        ("a.csv", 0, 3),
+        ("a.csv", 1, 3),
+        ("a.csv", 2, 3),
+        ("b.csv", 0, 1),
+    ]
+    whole = TransformOptions(split_type="None", part_size_mb=1)
+    assert [(t.name, t.parts) for t in local.plan(source, output, files, whole)] == [("a.csv", 1), ("b.csv", 1)]
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "b.csv.out").write_bytes(b"done")
+    resumed = TransformOptions(split_type="Line", part_size_mb=1, resume=True)
+    assert {t.name for t in local.plan(source, output, files, resumed)} == {"a.csv"}
+
+
+def test_finish_joins_parts_in_order_and_removes_those_of_failed_files(tmp_path: Path) -> None:
+    """finish: a file whose parts all succeeded becomes one .out, its parts joined in order; a file with a failed
+    part, or a part that never ran, is failed with the part's reason (or as stopped) and leaves nothing;
+    counts add up over all parts."""
+    from inference_server.transform import TransformSummary, local, storage
+
+    out = tmp_path / "out"
+    out.mkdir()
+    store = storage.store(str(out))
+    tasks = [local.Task(f"/in/{n}", n, p, k) for n, k in (("x", 3), ("y", 2), ("z", 2)) for p in range(k)]
+    results = {}
+    for task in tasks:
+        (out / Path(task.target(store)).name).write_bytes(b"%s%d;" % (task.name.encode(), task.part))
+        if task.name != "z" or task.part == 0:
+            failed = [("y", "y: record 3 failed")] if (task.name, task.part) == ("y", 1) else []
+            results[task] = TransformSummary(records=10, requests=2, failed=failed)
+    files = [(f"/in/{n}", n) for n in "xyzw"]  # w: finished before (resume), no task
+    summary = local.finish(str(out), files, tasks, results)
+    assert sorted(path.name for path in out.iterdir()) == ["x.out"]
+    assert (out / "x.out").read_bytes() == b"x0;x1;x2;"
+    assert summary.failed == [("y", "y: record 3 failed"), ("z", local.STOPPED)]
+    assert (summary.files, summary.skipped, summary.records, summary.requests) == (4, 1, 60, 12)
+
+
+def _peak_rss_mb(job: Job, *options: str) -> float:
+    """Run the job; the peak resident memory of its process in MB (from wait4: that child's own)."""
+    with (job.tmp_path / "stderr.txt").open("w+") as stderr:
+        process = subprocess.Popen(
+            job.command(*options), env={**job.env, "FIRST_LINE_ONLY": "1"}, stdout=subprocess.DEVNULL, stderr=stderr
+        )
+        _, status, usage = os.wait4(process.pid, 0)
+        process.returncode = os.waitstatus_to_exitcode(status)  # reaped here, not by Popen
+        stderr.seek(0)
+        assert process.returncode == 0, stderr.read()
+    return usage.ru_maxrss / 1024
+
+
+def test_a_200_mb_file_streams_in_the_memory_of_a_20_mb_one(job: Job) -> None:
+    """SplitType Line: a 200 MB CSV goes through with a peak RSS within 25 MB of a 20 MB one's (records are read
+    as a stream and at most 2 x MaxConcurrentTransforms bodies are held), not 180 MB more."""
+    line = b"%s\n" % b",".join(b"%06d" % i for i in range(14))  # 98 bytes
+    block = line * 10_000  # about 1 MB
+    options = ("--split-type", "Line", "--batch-strategy", "MultiRecord", "--max-payload-in-mb", "6")
+    options += ("--max-concurrent-transforms", "2", "--assemble-with", "Line")
+    peaks = {}
+    for megabytes in (20, 200):
+        path = job.input / "data.csv"
+        with path.open("wb") as sink:
+            for _ in range(megabytes):
+                sink.write(block)
+        peaks[megabytes] = _peak_rss_mb(job, *options)
+        assert job.out("data.csv").count(b"\n") == len(job.calls()), "one first line per request"
+        job.log.unlink()
+    (job.input / "data.csv").unlink()
+    assert peaks[200] - peaks[20] < 25, peaks

@@ -135,3 +135,61 @@ def test_assemble_with_line_adds_a_newline_after_each_answer() -> None:
     """AssembleWith Line: a newline after each request's answer; None: the answer as it is."""
     assert records.assembled(b"1,2", "Line") == b"1,2\n"
     assert records.assembled(b"1,2", "None") == b"1,2"
+
+
+def _tfrecords(tmp_path: Path, count: int) -> bytes:
+    path = tmp_path / "many.tfrecord"
+    writer = TFRecordWriter(str(path))
+    for i in range(count):
+        writer.write({"x": (float(i), "float"), "name": (b"n" * (i % 23), "byte")})
+    writer.close()
+    return path.read_bytes()
+
+
+@pytest.mark.parametrize("split_type", ["Line", "RecordIO", "TFRecord"])
+def test_start_at_finds_the_first_record_at_or_after_any_byte(split_type: str, tmp_path: Path) -> None:
+    """From every byte of a file, start_at reads forward to the first record starting there or later (the file's
+    end past the last), for independently written RecordIO and TFRecord too, and leaves the stream there."""
+    magic = struct.pack("<I", records.RECORDIO_MAGIC)
+    data = {
+        "Line": b"1,2\r\n\n33,4\n" + b"".join(b"%d\n" % (i * 7) for i in range(40)) + b"last",
+        "RecordIO": _recordio(*[b"r" * (i % 9) + (magic if i % 5 == 0 else b"") + b"xy" for i in range(30)]),
+        "TFRecord": _tfrecords(tmp_path, 30),
+    }[split_type]
+    offsets = [record.offset for record in _split(data, split_type)]
+    stream = io.BytesIO(data)
+    for position in range(len(data) + 1):
+        starts = [offset for offset in offsets if offset >= position]
+        if split_type == "Line":  # blank lines start no record but do start a line
+            starts = [offset for offset in range(position, len(data)) if offset == 0 or data[offset - 1] == 10]
+        expected = starts[0] if starts else len(data)
+        assert records.start_at(stream, split_type, position, "in") == expected, position
+        assert stream.tell() == expected
+
+
+@pytest.mark.parametrize("split_type", ["Line", "RecordIO", "TFRecord"])
+def test_parts_read_apart_are_the_file_read_whole(split_type: str, tmp_path: Path) -> None:
+    """Cut into parts of 100 bytes and each part split from its own start, a file gives exactly its records, and
+    packing with the part size gives the same requests either way (none spans two parts)."""
+    data = {
+        "Line": b"".join(b"%d,%s\n" % (i, b"v" * (i % 13)) for i in range(200)),
+        "RecordIO": _recordio(*[b"p" * (i % 31) for i in range(60)]),
+        "TFRecord": _tfrecords(tmp_path, 60),
+    }[split_type]
+    size = 100
+    whole = _split(data, split_type)
+    apart: list[records.Record] = []
+    bodies: list[bytes] = []
+    for part in range(-(-len(data) // size)):
+        stream = io.BytesIO(data)
+        start = records.start_at(stream, split_type, part * size, "in")
+        these = list(records.split(stream, split_type, "in", start, (part + 1) * size))
+        apart += these
+        bodies += [request.body for request in records.requests(these, MULTI, 250, "in", size)]
+    assert [(r.offset, r.framed) for r in apart] == [(r.offset, r.framed) for r in whole]
+    together = list(records.requests(whole, MULTI, 250, "in", size))
+    assert [request.body for request in together] == bodies
+    for request in together:
+        carried = whole[request.first : request.first + request.count]
+        assert len({record.offset // size for record in carried}) == 1
+    assert len(together) > len(list(records.requests(whole, MULTI, 250, "in")))

@@ -102,6 +102,13 @@ def _transform_parser(commands: Any) -> argparse.ArgumentParser:
     add("--engine", default="local", choices=["local", "dask", "ray"], help="where the files are transformed")
     add("--engine-address", help="an existing Dask scheduler (tcp://...) or Ray cluster; else a local one")
     add("--workers", type=int, help="processes, each with its own model (default: 1; a LocalCluster's: 2)")
+    add(
+        "--part-size-mb",
+        type=int,
+        default=256,
+        help="with --workers, dask or ray, files over this are cut at records into parts of about this size, "
+        "transformed side by side; requests never span two parts, whatever the engine (default: %(default)s)",
+    )
     add("--endpoint", help="a running container's URL: send the requests there instead of to the installed hooks")
     add("--invocations-timeout-in-seconds", type=int, default=600, help="per request, with --endpoint (at most 3600)")
     add("--invocations-max-retries", type=int, default=3, help="retries of a 5xx or lost connection (at most 3)")

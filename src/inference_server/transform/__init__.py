@@ -10,16 +10,18 @@ Named ``transform`` so that it is never confused with micro-batching of concurre
 
 from __future__ import annotations
 
+import abc
 import dataclasses
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from inference_server import _plugins
 from inference_server._pipeline import Pipeline
 from inference_server._settings import BatchStrategy, Settings
 from inference_server.errors import ConfigurationError
-from inference_server.transform import filters
+from inference_server.transform import filters, records
 from inference_server.transform.records import ASSEMBLE_WITH, SPLIT_TYPES
 
 __all__ = ["BatchPredictor", "Predictor", "TransformOptions", "TransformSummary", "transform"]
@@ -30,17 +32,50 @@ MAX_PAYLOAD_IN_MB = 100
 MAX_INVOCATIONS_TIMEOUT, MAX_INVOCATIONS_RETRIES = 3600, 3
 
 
-class Predictor(Protocol):
+class Predictor(abc.ABC):
     """What a transform job sends its requests to: the installed hooks or a running container."""
 
+    #: The defaults a job takes for the options left out (``/execution-parameters``).
     execution_parameters: dict[str, Any]
 
-    def ready(self) -> None: ...
+    @abc.abstractmethod
+    def ready(self) -> None:
+        """Wait until requests can be answered (the model loaded, the container healthy)."""
 
-    def predict(self, body: bytes, content_type: str, accept: str = "*/*") -> tuple[bytes, str]: ...
+    @abc.abstractmethod
+    def predict(self, body: bytes, content_type: str, accept: str = "*/*") -> tuple[bytes, str]:
+        """The answer to one request body: its bytes and media type."""
+
+    def predict_records(
+        self,
+        lines: Iterable[bytes],
+        content_type: str,
+        accept: str = "*/*",
+        *,
+        batch_strategy: str = "MultiRecord",
+        max_payload_in_mb: int = 6,
+    ) -> Iterator[bytes]:
+        """Each request's answer, in order, for ``lines`` (records of SplitType Line, with or without their
+        newline) packed as a transform job packs the lines of a file: SingleRecord one line per request (without
+        its newline), MultiRecord as many as fit in ``max_payload_in_mb`` (0: all in one), each ending in a
+        newline. A line over the limit raises :class:`~inference_server.errors.TransformError` saying so."""
+        strategy = BatchStrategy.parse(batch_strategy)
+        _check_limits(max_payload_in_mb, None)
+
+        def framed() -> Iterator[records.Record]:
+            offset = 0
+            for index, line in enumerate(lines):
+                payload = line.rstrip(b"\r\n")
+                yield records.Record(index, offset, payload + b"\n", payload)
+                offset += len(payload) + 1
+
+        limit = max_payload_in_mb << 20 if max_payload_in_mb else None
+        for request in records.requests(framed(), strategy, limit, "records"):
+            answer, _ = self.predict(request.body, content_type, accept)
+            yield answer
 
 
-class BatchPredictor:
+class BatchPredictor(Predictor):
     """The installed hooks for one model directory, without HTTP: the model is loaded on first use and kept.
 
     ``predict`` is one invocation, as ``POST /invocations`` would make it; thread-safe when the model is.
@@ -93,6 +128,9 @@ class TransformOptions:
     input_filter: str = "$"
     output_filter: str = "$"
     join_source: str = "None"
+    #: Files are cut into parts of about this size (at record boundaries) for engines that share a file's work;
+    #: requests never span two parts, so the outputs are the same whichever engine runs them.
+    part_size_mb: int = 256
 
     def __post_init__(self) -> None:
         if self.split_type not in SPLIT_TYPES:
@@ -110,6 +148,8 @@ class TransformOptions:
         )
         if processing is not None and self.split_type not in ("None", "Line"):
             raise ConfigurationError("filters and join source need SplitType Line or None (CSV or JSON records)")
+        if self.part_size_mb < 1:
+            raise ConfigurationError(f"part size {self.part_size_mb} MB: at least 1")
         if not 1 <= self.invocations_timeout_in_seconds <= MAX_INVOCATIONS_TIMEOUT:
             raise ConfigurationError(
                 f"invocations timeout {self.invocations_timeout_in_seconds} s: SageMaker allows 1 to "
@@ -138,6 +178,11 @@ class TransformOptions:
     def limit(self) -> int | None:
         """The largest request body in bytes; ``None`` for ``MaxPayloadInMB`` 0 (no limit: a whole file)."""
         return self.max_payload_in_mb << 20 if self.max_payload_in_mb else None
+
+    @property
+    def part_size(self) -> int | None:
+        """The size in bytes of the parts files are cut into; None for SplitType None (a file is one record)."""
+        return None if self.split_type == "None" else self.part_size_mb << 20
 
 
 def _first(value: int | None, default: int) -> int:

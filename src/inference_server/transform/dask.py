@@ -1,4 +1,5 @@
-"""The Dask engine: a transform job on a ``dask.distributed`` cluster, each input file one task.
+"""The Dask engine: a transform job on a ``dask.distributed`` cluster, each input file, or each part of a large one,
+one task.
 
 ``--engine dask`` runs on the cluster at ``--engine-address`` (``tcp://...``), else on a ``LocalCluster`` of
 ``--workers`` processes on this machine. Each Dask worker process loads the model once, through the installed hooks,
@@ -16,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from inference_server._settings import BatchStrategy
 from inference_server.errors import TransformError
 from inference_server.transform import TransformOptions, TransformSummary, local, storage
 
@@ -48,39 +50,119 @@ def run(
         from distributed import as_completed
     except ImportError:
         raise TransformError(f"--engine dask needs dask.distributed: {EXTRA}") from None
-    source = storage.store(str(root))
-    files = source.inputs()
+    files = storage.store(str(root)).inputs()
     options = local.resolved_elsewhere(options)
     started = time.monotonic()
-    summary = TransformSummary(files=len(files))
+    tasks = local.plan(storage.store(str(root)), storage.store(str(output)), files, options)
+    results: dict[local.Task, TransformSummary] = {}
     client, cluster = _client(address, workers)
     try:
-        futures = [
+        futures = {
             client.submit(
-                local.transform_file, str(root), str(output), path, name, options, pure=False, key=f"file-{name}"
-            )
-            for path, name in files
-        ]
-        names = dict(zip((future.key for future in futures), (name for _, name in files), strict=True))
-        finished: set[str] = set()
+                local.run_task, str(root), str(output), task, options, pure=False, key=f"{task.name}-{task.part}"
+            ): task
+            for task in tasks
+        }
         for future in as_completed(futures):  # type: ignore[no-untyped-call]
-            name = names[future.key]
-            finished.add(name)
+            task = futures[future]
             try:
                 part: TransformSummary = future.result()
             except Exception as exc:  # the task itself failed: a worker died, or the model could not load
-                part = TransformSummary(failed=[(name, f"{name}: {type(exc).__name__}: {exc}")])
-            summary.add(part)
+                part = TransformSummary(failed=[(task.name, f"{task.name}: {type(exc).__name__}: {exc}")])
+            results[task] = part
             if part.failed and options.fail_fast:
                 for other in futures:
                     other.cancel()
-                stopped = "not started: another file failed (--fail-fast)"
-                summary.failed += [(name, stopped) for _, name in files if name not in finished]
                 break
     finally:
         client.close()
         if cluster is not None:
             cluster.close()
-    summary.failed.sort()
+    summary = local.finish(str(output), files, tasks, results)
     summary.seconds = time.monotonic() - started
     return summary
+
+
+def map_partitions(
+    frame: Any,
+    meta: Any,
+    *,
+    content_type: str = "text/csv",
+    accept: str | None = None,
+    batch_strategy: str = "MultiRecord",
+    max_payload_in_mb: int = 6,
+    model_dir: str | None = None,
+    endpoint: str | None = None,
+) -> Any:
+    """The predictions for the rows of a Dask DataFrame, as a Dask DataFrame of the same partitions and index: for
+    people already on Dask, the transform of each partition is a step of their own graph.
+
+    Each partition is written as records of ``content_type`` (``text/csv`` without header, or
+    ``application/jsonlines``), packed into requests as a transform job packs lines (``batch_strategy``,
+    ``max_payload_in_mb``) and run through the installed hooks, the model loaded once per Dask worker (or sent to
+    ``endpoint``); the answers, in ``accept`` (default: ``content_type``) with one line per row, are read back with
+    the columns and dtypes of ``meta`` (as Dask's ``meta``: the answer's shape is not guessed by calling the model)::
+
+        import dask.dataframe as dd
+        from inference_server.transform.dask import map_partitions
+
+        features = dd.read_parquet("s3://bucket/features/")
+        scores = map_partitions(features, meta={"score": "f8"})
+        scores.to_parquet("s3://bucket/scores/")
+    """
+    try:
+        from dask.dataframe.utils import make_meta  # type: ignore[attr-defined]
+    except ImportError:
+        raise TransformError(f"map_partitions needs dask.dataframe: {EXTRA}") from None
+    options = TransformOptions(
+        content_type=content_type,
+        accept=accept or content_type,
+        split_type="Line",
+        batch_strategy=BatchStrategy.parse(batch_strategy),
+        max_payload_in_mb=max_payload_in_mb,
+        max_concurrent_transforms=1,
+        model_dir=model_dir,
+        endpoint=endpoint,
+    )
+    for media_type in (options.content_type, options.accept):
+        if media_type not in _TABLES:
+            raise TransformError(f"map_partitions reads and writes {' or '.join(_TABLES)}, not {media_type}")
+    empty = make_meta(meta)  # type: ignore[no-untyped-call]
+    return frame.map_partitions(predict_partition, options, empty, meta=empty)
+
+
+#: The media types a partition is written in, and answers read from.
+_TABLES = ("text/csv", "application/jsonlines")
+
+
+def predict_partition(partition: Any, options: TransformOptions, meta: Any) -> Any:
+    """The predictions for one pandas DataFrame, with its index and ``meta``'s columns and dtypes (see
+    :func:`map_partitions`)."""
+    import io
+
+    import pandas
+
+    if not len(partition):
+        return meta
+    if options.content_type == "text/csv":
+        text = partition.to_csv(header=False, index=False).encode()
+    else:
+        text = partition.to_json(orient="records", lines=True).encode()
+    strategy = options.batch_strategy
+    assert strategy is not None
+    answers = local.kept_predictor(options).predict_records(
+        text.splitlines(),
+        options.content_type,
+        options.accept,
+        batch_strategy=strategy.value,
+        max_payload_in_mb=options.max_payload_in_mb or 0,
+    )
+    body = io.BytesIO(b"".join(answer if answer.endswith(b"\n") else answer + b"\n" for answer in answers if answer))
+    if options.accept == "text/csv":
+        answer = pandas.read_csv(body, header=None, names=list(meta.columns))
+    else:
+        answer = pandas.read_json(body, lines=True)
+    if len(answer) != len(partition):
+        raise TransformError(f"the model answered {len(answer)} rows for a partition of {len(partition)}")
+    answer.index = partition.index
+    return answer[list(meta.columns)].astype(meta.dtypes.to_dict())

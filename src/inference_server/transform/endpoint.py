@@ -15,6 +15,7 @@ import urllib.parse
 from typing import Any
 
 from inference_server.errors import PredictionError, TransformError
+from inference_server.transform import Predictor
 
 #: Defaults when the container does not answer /execution-parameters (those of our own hooks).
 DEFAULT_PARAMETERS = {"BatchStrategy": "MultiRecord", "MaxConcurrentTransforms": 1, "MaxPayloadInMB": 6}
@@ -24,7 +25,7 @@ READY_DEADLINE = 120.0
 BACKOFF = 0.2
 
 
-class EndpointPredictor:
+class EndpointPredictor(Predictor):
     """``POST /invocations`` to a running container, one connection per thread, kept alive."""
 
     def __init__(self, url: str, *, timeout: float = 600.0, retries: int = 3, chunked: bool = False) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import dataclasses
 import logging
 import multiprocessing
 import shutil
@@ -17,6 +18,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -120,9 +122,10 @@ class Job:
             for number, (original, line) in enumerate(zip(request.originals, lines, strict=True))
         )
 
-    def split(self, source: BinaryIO, name: str) -> Iterator[records.Record]:
-        """The file's records, with the input filter applied (the original kept for a join)."""
-        split = records.split(source, self.options.split_type, name)
+    def split(self, source: BinaryIO, name: str, start: int = 0, end: int | None = None) -> Iterator[records.Record]:
+        """The file's records (those starting in ``[start, end)``), with the input filter applied (the original
+        kept for a join)."""
+        split = records.split(source, self.options.split_type, name, start, end)
         processing = self.processing
         if processing is None:
             yield from split
@@ -166,26 +169,110 @@ class Job:
             self.bodies.release()
 
     def file(self, path: str, name: str) -> None:
-        target = self.output.target(name)
-        if self.options.resume:
-            done, started = self.output.modified(target), self.source.modified(path)
-            if done is not None and started is not None and done >= started:
-                with self.lock:
-                    self.summary.skipped += 1
-                return
-        limit = self.options.limit
+        """Transform one whole input file into its ``.out`` (skipped with ``resume`` if that is newer)."""
+        if self.options.resume and done(self.source, self.output, path, name):
+            with self.lock:
+                self.summary.skipped += 1
+            return
+        self.task(Task(path, name))
+
+    def task(self, task: Task) -> None:
+        """Transform a file, or one part of it into its part file (see :func:`plan`)."""
         strategy = self.options.batch_strategy
         assert strategy is not None  # resolved
+        part_size = self.options.part_size
+        name = task.name
         try:
-            with self.source.open(path) as source, self.output.writing(target) as sink:
-                split = self.split(source, name)
-                read = 0
-                for request, answer in self.answers(records.requests(split, strategy, limit, name), name):
+            with self.source.open(task.path) as source, self.output.writing(task.target(self.output)) as sink:
+                start, end = 0, None
+                if task.parts > 1:
+                    assert part_size is not None
+                    start = records.start_at(source, self.options.split_type, task.part * part_size, name)
+                    end = (task.part + 1) * part_size
+                    name = f"{name} (part {task.part + 1} of {task.parts}, records counted from byte {start})"
+                split = self.split(source, name, start, end)
+                read = start
+                for request, answer in self.answers(
+                    records.requests(split, strategy, self.options.limit, name, part_size), name
+                ):
                     sink.write(answer)
                     self.count(request.count, len(request.body), len(answer), request.end - read)
                     read = request.end
         except OSError as exc:
             raise TransformError(f"{name}: {exc}") from exc
+
+
+@dataclass(frozen=True)
+class Task:
+    """A unit of a job that another engine runs: a whole input file, or part ``part`` of ``parts`` of it."""
+
+    path: str
+    name: str
+    part: int = 0
+    parts: int = 1
+
+    def target(self, output: Store) -> str:
+        """Where this task writes: the file's ``.out``, or for a part, a part file that :func:`finish` joins."""
+        target = output.target(self.name)
+        return target if self.parts == 1 else f"{target}.part-{self.part:05d}"
+
+
+def done(source: Store, output: Store, path: str, name: str) -> bool:
+    """Whether the input's ``.out`` exists and is at least as new as the input (``resume`` skips it)."""
+    finished, started = output.modified(output.target(name)), source.modified(path)
+    return finished is not None and started is not None and finished >= started
+
+
+def plan(source: Store, output: Store, files: list[tuple[str, str]], options: TransformOptions) -> list[Task]:
+    """The tasks of a job run by several processes: a task per file, and a task per part of a file larger than
+    the part size (records starting in ``[k * size, (k + 1) * size)`` make part ``k``: a 10 GB file keeps a whole
+    cluster busy). With ``resume``, files already done get no task."""
+    tasks: list[Task] = []
+    size = options.part_size
+    for path, name in files:
+        if options.resume and done(source, output, path, name):
+            continue
+        parts = max(1, -(-source.size(path) // size)) if size else 1
+        tasks.extend(Task(path, name, part, parts) for part in range(parts))
+    return tasks
+
+
+STOPPED = "stopped: another file failed first (--fail-fast)"
+
+
+def finish(
+    output: str, files: list[tuple[str, str]], tasks: list[Task], results: dict[Task, TransformSummary]
+) -> TransformSummary:
+    """The job's summary from what its tasks did (a task missing from ``results`` never ran): files whose parts all
+    succeeded are joined into their ``.out`` and their part files removed; those of failed files are removed too."""
+    store = storage.store(output)
+    summary = TransformSummary(files=len(files))
+    by_file: dict[str, list[Task]] = {}
+    for task in tasks:
+        by_file.setdefault(task.name, []).append(task)
+    summary.skipped = len(files) - len(by_file)
+    for name, parts in by_file.items():
+        ran = [results[task] for task in parts if task in results]
+        for part in ran:
+            summary.add(dataclasses.replace(part, failed=[]))
+        reasons = [reason for part in ran for _, reason in part.failed]
+        failed = reasons[0] if reasons else STOPPED if len(ran) < len(parts) else ""
+        try:
+            if not failed and len(parts) > 1:
+                with store.writing(store.target(name)) as sink:
+                    for task in parts:
+                        with store.open(task.target(store)) as piece:
+                            shutil.copyfileobj(piece, sink, 1 << 20)
+        except OSError as exc:
+            failed = f"{name}: joining its parts: {exc}"
+        finally:
+            if len(parts) > 1:
+                for task in parts:
+                    store.remove(task.target(store))
+        if failed:
+            summary.failed.append((name, failed))
+    summary.failed.sort()
+    return summary
 
 
 def predictor_for(options: TransformOptions) -> Predictor:
@@ -232,46 +319,48 @@ def resolved_elsewhere(options: TransformOptions) -> TransformOptions:
             close()
 
 
-def transform_file(root: str, output: str, path: str, name: str, options: TransformOptions) -> TransformSummary:
-    """One input file, in a worker process: its counts, and in ``failed`` its failure if it failed."""
+def run_task(root: str, output: str, task: Task, options: TransformOptions) -> TransformSummary:
+    """One task, in a worker process: its counts, and in ``failed`` its failure if it failed."""
     job = Job(options, kept_predictor(options), storage.store(root), storage.store(output))
     with job.requests:
         try:
-            job.file(path, name)
+            job.task(task)
         except TransformError as exc:
-            job.summary.failed.append((name, str(exc)))
+            job.summary.failed.append((task.name, str(exc)))
     return job.summary
 
 
 def _in_processes(
     root: str, output: str, files: list[tuple[str, str]], options: TransformOptions, workers: int
 ) -> TransformSummary:
-    """The job's files in ``workers`` processes (spawned: each loads the model once, through the hooks)."""
+    """The job's tasks in ``workers`` processes (spawned: each loads the model once, through the hooks)."""
     started = time.monotonic()
-    summary = TransformSummary(files=len(files))
-    sizes = {name: storage.store(root).size(path) for path, name in files}
-    bar = progress_bar(options, sum(sizes.values()))  # advanced file by file
+    source = storage.store(root)
+    tasks = plan(source, storage.store(output), files, options)
+    sizes = {task: source.size(task.path) // task.parts for task in tasks}
+    bar = progress_bar(options, sum(sizes.values()))  # advanced task by task
+    results: dict[Task, TransformSummary] = {}
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
-        futures = {pool.submit(transform_file, root, output, path, name, options): name for path, name in files}
+        futures = {pool.submit(run_task, root, output, task, options): task for task in tasks}
         for future in concurrent.futures.as_completed(futures):
-            name = futures[future]
+            task = futures[future]
             try:
                 part = future.result()
             except concurrent.futures.CancelledError:
-                part = TransformSummary(failed=[(name, "not started: another file failed (--fail-fast)")])
+                continue
             except Exception as exc:  # the process died, or the model could not load there
-                part = TransformSummary(failed=[(name, f"{name}: {type(exc).__name__}: {exc}")])
-            summary.add(part)
+                part = TransformSummary(failed=[(task.name, f"{task.name}: {type(exc).__name__}: {exc}")])
+            results[task] = part
             if bar is not None:
-                bar.update(sizes[name])
-                bar.set_postfix_str(f"{summary.records} records", refresh=False)
+                bar.update(sizes[task])
+                bar.set_postfix_str(f"{sum(done.records for done in results.values())} records", refresh=False)
             if part.failed and options.fail_fast:
                 for other in futures:
                     other.cancel()
     if bar is not None:
         bar.close()
-    summary.failed.sort()
+    summary = finish(output, files, tasks, results)
     summary.seconds = time.monotonic() - started
     return summary
 
@@ -320,7 +409,7 @@ def run(
                     for other in futures:
                         other.cancel()
             except concurrent.futures.CancelledError:
-                job.summary.failed.append((name, "not started: another file failed (--fail-fast)"))
+                job.summary.failed.append((name, STOPPED))
     if job.bar is not None:
         job.bar.close()
     job.summary.failed.sort()

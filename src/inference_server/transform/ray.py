@@ -1,4 +1,5 @@
-"""The Ray engine: a transform job as a Ray Data ``map_batches`` over the input files, with an actor pool.
+"""The Ray engine: a transform job as a Ray Data ``map_batches`` over the input files (and parts of large ones),
+with an actor pool.
 
 ``--engine ray`` joins the cluster at ``--engine-address`` (``ray://...`` or ``auto``), else starts a local Ray of
 ``--workers`` CPUs (2) on 127.0.0.1. Each actor loads the model once, through the installed hooks, and transforms
@@ -35,21 +36,26 @@ _COUNTS = ("skipped", "records", "requests", "bytes_in", "bytes_out")
 
 
 class FileTransformer:
-    """A Ray Data callable class: rows with ``path`` and ``name`` in, one row a file out (its counts, ``failed``:
-    the reason, or ``""``). The model is loaded when the actor starts and kept."""
+    """A Ray Data callable class: rows with ``path`` and ``name`` (and for a part of a file, ``part`` and ``parts``)
+    in, one row each out (its counts, ``failed``: the reason, or ``""``). The model is loaded when the actor starts
+    and kept."""
 
     def __init__(self, root: str, output: str, options: TransformOptions) -> None:
         self.root, self.output, self.options = root, output, options
         local.kept_predictor(options)  # this actor's model, the same per-process cache as the other engines
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, list[Any]]:
-        rows: dict[str, list[Any]] = {"name": [], "failed": [], **{count: [] for count in _COUNTS}}
-        for path, name in zip(batch["path"], batch["name"], strict=True):
-            part = local.transform_file(self.root, self.output, str(path), str(name), self.options)
-            rows["name"].append(str(name))
-            rows["failed"].append(part.failed[0][1] if part.failed else "")
+        rows: dict[str, list[Any]] = {"name": [], "part": [], "failed": [], **{count: [] for count in _COUNTS}}
+        size = len(batch["path"])
+        parts, of = batch.get("part", [0] * size), batch.get("parts", [1] * size)
+        for path, name, part, total in zip(batch["path"], batch["name"], parts, of, strict=True):
+            task = local.Task(str(path), str(name), int(part), int(total))
+            done = local.run_task(self.root, self.output, task, self.options)
+            rows["name"].append(task.name)
+            rows["part"].append(task.part)
+            rows["failed"].append(done.failed[0][1] if done.failed else "")
             for count in _COUNTS:
-                rows[count].append(getattr(part, count))
+                rows[count].append(getattr(done, count))
         return rows
 
 
@@ -81,25 +87,29 @@ def run(
     """Transform every input file under ``root`` into ``output`` with Ray Data (see the module's text)."""
     files = storage.store(str(root)).inputs()
     options = local.resolved_elsewhere(options)
+    tasks = local.plan(storage.store(str(root)), storage.store(str(output)), files, options)
     ray, started_here = _start(address, workers)
     began = time.monotonic()
-    summary = TransformSummary(files=len(files))
+    results: dict[local.Task, TransformSummary] = {}
+    by_key = {(task.name, task.part): task for task in tasks}
     try:
-        dataset = ray.data.from_items([{"path": path, "name": name} for path, name in files])
-        done = dataset.map_batches(
+        rows = [{"path": task.path, "name": task.name, "part": task.part, "parts": task.parts} for task in tasks]
+        dataset = ray.data.from_items(rows).map_batches(
             FileTransformer,
             fn_constructor_args=(str(root), str(output), options),
             batch_size=1,
             concurrency=workers or 2,
-        ).take_all()
+        )
+        for row in dataset.iter_rows():  # as the tasks finish: --fail-fast stops the rest
+            part = TransformSummary(failed=[(row["name"], row["failed"])] if row["failed"] else [])
+            for count in _COUNTS:
+                setattr(part, count, int(row[count]))
+            results[by_key[row["name"], int(row["part"])]] = part
+            if part.failed and options.fail_fast:
+                break
     finally:
         if started_here:
             ray.shutdown()
-    for row in done:
-        part = TransformSummary(failed=[(row["name"], row["failed"])] if row["failed"] else [])
-        for count in _COUNTS:
-            setattr(part, count, int(row[count]))
-        summary.add(part)
-    summary.failed.sort()
+    summary = local.finish(str(output), files, tasks, results)
     summary.seconds = time.monotonic() - began
     return summary

@@ -60,24 +60,33 @@ class Request:
     end: int = 0
 
 
-def split(stream: BinaryIO, split_type: str, name: str) -> Iterator[Record]:
-    """The records of ``stream`` (a binary file read from its start), as ``split_type`` frames them."""
+def split(stream: BinaryIO, split_type: str, name: str, start: int = 0, end: int | None = None) -> Iterator[Record]:
+    """The records of ``stream`` (a binary file positioned at ``start``, a record's start: see :func:`start_at`),
+    as ``split_type`` frames them, up to the last record that starts before ``end``."""
     if split_type == "None":
         data = stream.read()
         yield Record(0, 0, data, data)
-    elif split_type == "Line":
-        yield from _lines(stream)
+        return
+    if split_type == "Line":
+        records = _lines(stream, start)
     elif split_type == "RecordIO":
-        yield from _recordio(stream, name)
+        records = _recordio(stream, name, start)
     elif split_type == "TFRecord":
-        yield from _tfrecord(stream, name)
+        records = _tfrecord(stream, name, start)
     else:
         raise ValueError(f"split type {split_type!r}: use one of {', '.join(SPLIT_TYPES)}")
+    if end is None:
+        yield from records
+        return
+    for record in records:
+        if record.offset >= end:
+            break
+        yield record
 
 
-def _lines(stream: BinaryIO) -> Iterator[Record]:
+def _lines(stream: BinaryIO, offset: int) -> Iterator[Record]:
     """Lines ending in ``\\n`` (a ``\\r`` before it is part of the terminator); blank lines are no records."""
-    offset = index = 0
+    index = 0
     for line in stream:
         payload = line.rstrip(b"\n")
         if payload.endswith(b"\r"):
@@ -95,8 +104,8 @@ def _exactly(stream: BinaryIO, size: int, name: str, what: str, offset: int) -> 
     return data
 
 
-def _recordio(stream: BinaryIO, name: str) -> Iterator[Record]:
-    offset = index = 0
+def _recordio(stream: BinaryIO, name: str, offset: int) -> Iterator[Record]:
+    index = 0
     while header := stream.read(8):
         start, parts, framed = offset, [], []
         while True:
@@ -128,13 +137,13 @@ def _masked_crc(data: bytes) -> int:
     return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
 
-def _tfrecord(stream: BinaryIO, name: str) -> Iterator[Record]:
+def _tfrecord(stream: BinaryIO, name: str, offset: int) -> Iterator[Record]:
     """TFRecord: a uint64 length, the masked CRC-32C of those 8 bytes, the data, the masked CRC-32C of the data.
 
     The length's checksum is verified (a misframed file fails at once, naming the byte); the data's is not, as
     SageMaker hands records to the model unchecked.
     """
-    offset = index = 0
+    index = 0
     while head := stream.read(12):
         if len(head) != 12:
             raise TransformError(f"{name}: the TFRecord header at byte {offset} is cut short")
@@ -148,13 +157,84 @@ def _tfrecord(stream: BinaryIO, name: str) -> Iterator[Record]:
         index += 1
 
 
-def requests(records: Iterable[Record], strategy: BatchStrategy, limit: int | None, name: str) -> Iterator[Request]:
+def start_at(stream: BinaryIO, split_type: str, position: int, name: str) -> int:
+    """The offset of the first record that starts at or after ``position`` (the file's size if none does), found
+    by reading forward from ``position`` only; ``stream`` is left there, ready for :func:`split`.
+
+    This is how a large file is cut into parts that are transformed apart (see ``PART_SIZE``): every record starting
+    in ``[k * size, (k + 1) * size)`` is in part ``k``, whoever reads it. Lines: the byte after the first newline at
+    or after ``position - 1``. RecordIO: the first magic number on a 4-byte boundary (records are 4-byte aligned, and
+    the writer splits any record whose data holds the magic there) that begins a record (flag 0 or 1). TFRecord has
+    no marker: the first offset whose length word passes its checksum, a length that fits in the file, and whose
+    next record's length word passes too (or which ends the file): a false start has odds below 2^-64.
+    """
+    if position <= 0:
+        stream.seek(0)
+        return 0
+    if split_type == "Line":
+        stream.seek(position - 1)
+        found = position - 1 + len(stream.readline())
+    elif split_type == "RecordIO":
+        found = _recordio_start(stream, position + (-position % 4))
+    elif split_type == "TFRecord":
+        found = _tfrecord_start(stream, position, name)
+    else:
+        raise ValueError(f"split type {split_type!r} has no parts: one record per file")
+    stream.seek(found)
+    return found
+
+
+def _recordio_start(stream: BinaryIO, position: int) -> int:
+    magic = struct.pack("<I", RECORDIO_MAGIC)
+    stream.seek(position)
+    window, base = b"", position  # base: the offset of window[0], a multiple of 4
+    while chunk := stream.read(_READ):
+        window += chunk
+        at = window.find(magic)
+        while at != -1 and at + 8 <= len(window):
+            if at % 4 == 0 and window[at + 7] >> 5 in (0, 1):
+                return base + at
+            at = window.find(magic, at + 1)
+        keep = len(window) - len(window) % 4 - 4 if len(window) >= 8 else 0
+        window, base = window[keep:], base + keep
+    return base + len(window)
+
+
+def _tfrecord_start(stream: BinaryIO, position: int, name: str) -> int:
+    stream.seek(0, 2)
+    size = stream.tell()
+    offset = position
+    stream.seek(offset)
+    window = stream.read(_READ)
+    while offset + 12 <= size:
+        if offset - position + 12 > len(window):
+            stream.seek(offset)
+            window, position = stream.read(_READ), offset
+        at = offset - position
+        (length,) = struct.unpack_from("<Q", window, at)
+        after = offset + 12 + length + 4
+        if after <= size and _masked_crc(window[at : at + 8]) == struct.unpack_from("<I", window, at + 8)[0]:
+            if after == size:
+                return offset
+            stream.seek(after)
+            head = stream.read(12)
+            if len(head) == 12 and _masked_crc(head[:8]) == struct.unpack("<I", head[8:])[0]:
+                return offset
+        offset += 1
+    return size
+
+
+def requests(
+    records: Iterable[Record], strategy: BatchStrategy, limit: int | None, name: str, part_size: int | None = None
+) -> Iterator[Request]:
     """Request bodies for ``records``: one per record (SingleRecord), or as many consecutive records as fit in
-    ``limit`` bytes (MultiRecord). ``limit`` None: no limit. A record that cannot fit fails the file."""
+    ``limit`` bytes (MultiRecord), never two records of different parts (``part_size``: see :func:`start_at`), so
+    that a file's requests are the same whether its parts are transformed together or apart. ``limit`` None: no
+    limit. A record that cannot fit fails the file."""
     single = strategy is BatchStrategy.SINGLE_RECORD
     pending: list[bytes] = []
     originals: list[bytes] = []
-    size = first = end = 0
+    size = first = end = part_of = 0
     for record in records:
         original = () if record.original is None else (record.original,)
         part = record.payload if single else record.framed
@@ -166,11 +246,15 @@ def requests(records: Iterable[Record], strategy: BatchStrategy, limit: int | No
         if single:
             yield Request(part, record.index, 1, original, record.offset + len(record.framed))
             continue
-        if pending and limit is not None and size + len(part) > limit:
+        if pending and (
+            (limit is not None and size + len(part) > limit)
+            or (part_size is not None and record.offset // part_size != part_of)
+        ):
             yield Request(b"".join(pending), first, len(pending), tuple(originals), end)
             pending, originals, size = [], [], 0
         if not pending:
             first = record.index
+            part_of = record.offset // part_size if part_size else 0
         pending.append(part)
         originals.extend(original)
         size += len(part)

@@ -56,6 +56,10 @@ class Store:
     def open(self, path: str) -> BinaryIO:
         return open(path, "rb")
 
+    def remove(self, path: str) -> None:
+        """Delete ``path`` if it exists."""
+        Path(path).unlink(missing_ok=True)
+
     @contextlib.contextmanager
     def writing(self, target: str) -> Iterator[BinaryIO]:
         """A file for ``target`` that appears under that name only if the block completes."""
@@ -105,6 +109,10 @@ class RemoteStore(Store):
 
     def open(self, path: str) -> BinaryIO:
         return self.fs.open(path, "rb")  # type: ignore[no-any-return]
+
+    def remove(self, path: str) -> None:
+        if self.fs.exists(path):
+            self.fs.rm_file(path)
 
     @contextlib.contextmanager
     def writing(self, target: str) -> Iterator[BinaryIO]:
