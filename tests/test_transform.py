@@ -51,9 +51,10 @@ def test_predict_is_one_invocation_without_http(doubling: Doubling, tmp_path: Pa
 
 
 def test_predict_records_packs_lines_as_a_transform_job_does(doubling: Doubling, tmp_path: Path) -> None:
-    """predict_records: MultiRecord lines share requests up to the payload limit, each with its newline;
-    SingleRecord sends each line alone; a line over the limit is a TransformError naming it."""
-    predictor = BatchPredictor(model_dir=str(tmp_path))
+    """predict_records (here through testing.batch_predictor): MultiRecord lines share requests up to the payload
+    limit, each with its newline; SingleRecord sends each line alone; a line over the limit is a TransformError
+    naming it."""
+    predictor = testing.batch_predictor(model_dir=str(tmp_path))
     lines = [b"1,2", b"3,4\n", b"5,6\r\n"]
     assert list(predictor.predict_records(lines, "text/csv", "text/csv")) == [b"2.0,4.0\n6.0,8.0\n10.0,12.0\n"]
     assert doubling.shapes == [(3, 2)]

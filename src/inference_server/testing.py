@@ -20,7 +20,10 @@ from inference_server import _plugins
 if TYPE_CHECKING:
     from _typeshed.wsgi import WSGIApplication
 
+    from inference_server.transform import BatchPredictor
+
 __all__ = [
+    "batch_predictor",
     "client",
     "hookimpl_is_valid",
     "plugin_is_registered",
@@ -87,6 +90,15 @@ def predict(
     if deserializer is None:
         return response.data
     return deserializer.deserialize(io.BytesIO(response.data), response.content_type or "")
+
+
+def batch_predictor(*, model_dir: str | None = None) -> BatchPredictor:
+    """The installed plugins as a Batch Transform job runs them, without HTTP: ``predict(body, content_type,
+    accept)`` for one request, ``predict_records(lines, ...)`` for lines packed into requests as a job packs them
+    (SingleRecord or MultiRecord up to MaxPayloadInMB). Hook failures raise as they are, for the test to see."""
+    from inference_server.transform import BatchPredictor
+
+    return BatchPredictor(model_dir=model_dir)
 
 
 def _message(body: bytes) -> str:
