@@ -163,3 +163,26 @@ def _blocks(footer: bytes) -> list[bytes]:
         if 8 <= start < 1 << 20 and 0 < metadata < 4096 and body == 8000:
             found.append(footer[offset : offset + 24])
     return found
+
+
+RACE = """
+import sys, threading
+from inference_server.codecs import arrow
+
+importing = threading.Thread(target=__import__, args=("pyarrow",))
+importing.start()
+while "pyarrow" not in sys.modules:  # the import has begun: the module exists, not yet whole
+    pass
+module = arrow._load()
+seen = [hasattr(module, "Table") and hasattr(module, "ipc")]
+importing.join()
+print(len(seen), all(seen))
+"""
+
+
+def test_pyarrow_is_never_handed_out_half_imported() -> None:
+    """While one thread imports pyarrow, another asking for it waits for the whole module (it got a partially
+    initialised one, without ``Table``: a 500 for concurrent first requests with micro-batching)."""
+    result = subprocess.run([sys.executable, "-c", RACE], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["1", "True"]

@@ -24,17 +24,20 @@ EXTRA = "pip install 'inference-server[arrow]'"
 
 
 _missing = False
+_ABSENT: Any = object()
 
 
 def _load() -> ModuleType | None:
     """pyarrow, or None when it cannot be imported.
 
     A failed import is remembered: retrying it costs about 300 us, on every request that negotiates. A module in
-    ``sys.modules`` wins over that memory either way (imported since, or blocked with ``None`` by a test).
+    ``sys.modules`` wins over that memory either way (imported since, or blocked with ``None`` by a test), once it
+    is whole: while another thread is still importing it, the import below waits for that thread.
     """
     global _missing
-    if "pyarrow" in sys.modules:
-        return sys.modules["pyarrow"]
+    module: ModuleType | None = sys.modules.get("pyarrow", _ABSENT)
+    if module is None or (module is not _ABSENT and not getattr(module.__spec__, "_initializing", False)):
+        return module
     if _missing:
         return None
     try:
