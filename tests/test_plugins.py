@@ -20,8 +20,8 @@ class Second:
         return "second"
 
 
-def test_eight_hooks_with_the_seed_signatures() -> None:
-    """The specs are the 1.x hooks, with 1.x argument names."""
+def test_the_seed_hooks_keep_their_signatures_and_two_are_new() -> None:
+    """The specs are the 1.x hooks, with 1.x argument names, and the micro-batching hooks of 2.0."""
     pm = _plugins.build_manager([])
     signatures = {name: getattr(pm.hook, name).spec.argnames for name in _plugins.HOOK_NAMES}
     assert signatures == {
@@ -33,6 +33,8 @@ def test_eight_hooks_with_the_seed_signatures() -> None:
         "batch_strategy": (),
         "max_concurrent_transforms": (),
         "max_payload_in_mb": (),
+        "batching": (),
+        "predict_batch_fn": ("data", "model"),
     }
 
 

@@ -21,7 +21,7 @@ import orjson
 import pluggy
 import werkzeug.exceptions
 
-from inference_server import _deadlines, _plugins, codecs
+from inference_server import _deadlines, _plugins, batching, codecs
 from inference_server._pipeline import Pipeline
 from inference_server._settings import Settings
 from inference_server.errors import (
@@ -118,6 +118,14 @@ class App:
         self.worker: WorkerState | None = None
         self._timeout = settings.timeout or None
         self._model_slots = threading.BoundedSemaphore(settings.threads)
+        names = {"max_batch_size": "max_batch_size", "max_batch_delay": "max_batch_delay_ms", "max_queue": "max_queue"}
+        given = {key: getattr(settings, name) for name, key in names.items()}
+        chosen = frozenset(names[name] for name in settings.given if name in names)
+        #: Micro-batching (off unless asked for): then ``predict_fn`` runs in groups, ``--threads`` at once.
+        self.batching = batching.options(given, chosen, pm.hook.batching(), settings.threads)
+        self.batcher = (
+            batching.Batcher.for_hooks(self.batching, pm, self.pipeline.predict) if self.batching.enabled else None
+        )
         self._helpers = _deadlines.Pool("request")
         self._pings = _deadlines.Pool("ping")
         self._told_no_content_type = False
@@ -289,7 +297,9 @@ class App:
                     ", ".join(codecs.media_types()),
                 )
         accept = environ.get("HTTP_ACCEPT") or "*/*"
-        if call is None:
+        if self.batcher is not None:
+            output = self._batched(self.batcher, body, content_type, accept, model, call)
+        elif call is None:
             with self._model_slots:
                 output = self.pipeline.invoke(body, content_type, accept, model)
         else:
@@ -300,6 +310,30 @@ class App:
                 call.give_back()
         headers = [("Content-Type", output.media_type), ("Content-Length", str(output.nbytes)), *output.headers]
         return 200, headers, output.buffers
+
+    def _batched(
+        self,
+        batcher: batching.Batcher,
+        body: bytearray,
+        content_type: str,
+        accept: str,
+        model: Any,
+        call: _deadlines.Call | None,
+    ) -> Any:
+        """The hooks with ``predict_fn`` run by the batcher: ``input_fn`` and ``output_fn`` on this thread."""
+        batcher.coming()
+        sent = False
+
+        def predict(data: Any) -> Any:
+            nonlocal sent
+            sent = True
+            return batcher.predict(data, model, call, coming=True)
+
+        try:
+            return self.pipeline.invoke(body, content_type, accept, model, predict)
+        finally:
+            if not sent:
+                batcher.gone()
 
 
 @functools.cache
@@ -341,6 +375,8 @@ def _error_reply(exc: HTTPError | werkzeug.exceptions.HTTPException, request_id:
     _, headers, body = _json_reply(status, {"message": exc.description, "request_id": request_id, "status": status})
     if isinstance(exc, werkzeug.exceptions.HTTPException):  # werkzeug's own may carry headers (405's Allow)
         headers.extend((k, v) for k, v in exc.get_headers() if k.lower() != "content-type")
+    else:
+        headers.extend(getattr(exc, "headers", ()))
     return status, headers, body
 
 

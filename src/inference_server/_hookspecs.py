@@ -1,6 +1,7 @@
 """The hook specifications and the markers: what a plugin may implement. Imports nothing of ours.
 
-Names and signatures are those of inference-server 1.x and never change; a new hook is added here.
+Names and signatures are those of inference-server 1.x and never change; a new hook is added here (``batching`` and
+``predict_batch_fn`` are new in 2.0).
 """
 
 from __future__ import annotations
@@ -66,6 +67,19 @@ class HookSpecs:
     @hookspec(firstresult=True)
     def max_payload_in_mb(self) -> int:
         """The largest request body this model accepts, in MB (0: no limit)."""
+        raise NotImplementedError
+
+    @hookspec(firstresult=True)
+    def batching(self) -> dict[str, int] | None:
+        """Micro-batching this model wants: ``max_batch_size`` (1: off) and ``max_batch_delay_ms``, either may be
+        left out; ``None``: no preference. ``serve``'s options win over it; it wins over the variables."""
+        raise NotImplementedError
+
+    @hookspec(firstresult=True)
+    def predict_batch_fn(self, data: list[Any], model: Any) -> list[Any] | None:
+        """Run the model once on the inputs of several requests (``input_fn``'s outputs, in order) and return one
+        prediction per input, in the same order; ``None`` leaves the group to the built-in batching (arrays
+        concatenated, anything else one by one)."""
         raise NotImplementedError
 
 

@@ -8,6 +8,7 @@ WSGI: no environ, no status line, no body reading.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import pluggy
@@ -96,8 +97,20 @@ class Pipeline:
             logger.warning("Ping: ping_fn returned False; answering 503")
         return healthy
 
-    def invoke(self, body: codecs.Buffer, content_type: str, accept: str, model: Any) -> Output:
-        """Run ``input_fn``, ``predict_fn`` and ``output_fn`` on one body.
+    def predict(self, data: Any, model: Any) -> Any:
+        """``predict_fn`` alone (what a batch of inputs is run with)."""
+        return self._predict_fn(data=data, model=model)
+
+    def invoke(
+        self,
+        body: codecs.Buffer,
+        content_type: str,
+        accept: str,
+        model: Any,
+        predict: Callable[[Any], Any] | None = None,
+    ) -> Output:
+        """Run ``input_fn``, ``predict_fn`` (or ``predict``: a batcher's, which may run it with other inputs) and
+        ``output_fn`` on one body.
 
         An HTTP exception raised by a hook keeps its status; anything else a hook raises becomes a
         :class:`HookError` naming the hook (a 500).
@@ -107,7 +120,7 @@ class Pipeline:
         try:
             data = self._input_fn(input_data=body, content_type=content_type)
             hook = "predict_fn"
-            prediction = self._predict_fn(data=data, model=model)
+            prediction = self._predict_fn(data=data, model=model) if predict is None else predict(data)
             hook = "output_fn"
             return _output(self._output_fn(prediction=prediction, accept=parse_accept(accept)))
         except (HTTPError, HookError, werkzeug.exceptions.HTTPException):

@@ -26,6 +26,8 @@ MODEL_DIR_ENV = "INFERENCE_SERVER_MODEL_DIR"
 _LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 #: The HTTP server backends ``serve`` can run.
 SERVERS = ("gunicorn", "granian")
+#: Where ``serve`` tells its workers which settings were given as options (see ``Settings.given``).
+GIVEN_ENV = "INFERENCE_SERVER_GIVEN"
 #: The request timeout in a Batch Transform container (``SAGEMAKER_BATCH=true``): SageMaker waits 600 s by default.
 BATCH_TIMEOUT = 600
 
@@ -276,6 +278,31 @@ class Settings:
         default_text="off",
         flag=True,
     )
+    #: Micro-batching (``batching.py``): requests grouped into one ``predict_fn`` call; 1 is off. ``None`` here
+    #: means not set by an option or variable: the ``batching`` hook, then the built-in default, decide.
+    max_batch_size: int | None = _variable(
+        None,
+        "INFERENCE_SERVER_MAX_BATCH_SIZE",
+        _integer(1),
+        "requests whose inputs may share one predict_fn call (concurrent requests only: a lone request never "
+        "waits); 1: off. The option wins over the batching hook, the hook over the variable",
+        default_text="the batching hook's, else 1",
+    )
+    #: Milliseconds (the hook's key is ``max_batch_delay_ms``).
+    max_batch_delay: int | None = _variable(
+        None,
+        "INFERENCE_SERVER_MAX_BATCH_DELAY_MS",
+        _integer(0),
+        "milliseconds a request may wait for company when requests are on their way and the model is free",
+        default_text="the batching hook's, else 5",
+    )
+    max_queue: int | None = _variable(
+        None,
+        "INFERENCE_SERVER_MAX_QUEUE",
+        _integer(1),
+        "requests waiting for the model per worker when batching; beyond it 503 with Retry-After at once",
+        default_text="4 x the batch size",
+    )
     #: Put a failing hook's exception message and traceback in its 500 answer (they may hold request data).
     debug: bool = _variable(
         False,
@@ -286,6 +313,9 @@ class Settings:
         default_text="off",
         flag=True,
     )
+    #: The settings given as options (the command line), which win over hooks that set the same (``batching``);
+    #: passed on to worker processes in ``INFERENCE_SERVER_GIVEN``.
+    given: frozenset[str] = dataclasses.field(default=frozenset(), compare=False)
 
     @property
     def log_level_number(self) -> int:
@@ -309,15 +339,24 @@ class Settings:
             field: _setting(field, options.get(field), env, variable, defaults[field])
             for field, variable in VARIABLES.items()
         }
-        return cls(**values)  # type: ignore[arg-type]
+        given = {field for field, value in options.items() if value is not None}
+        given.update(name for name in env.get(GIVEN_ENV, "").split(",") if name in VARIABLES)
+        return cls(**values, given=frozenset(given))  # type: ignore[arg-type]
 
     def environ(self) -> dict[str, str]:
         """The environment variables that make :meth:`from_env` give these settings again (in worker processes)."""
         values = {variable.env: getattr(self, field) for field, variable in VARIABLES.items() if variable.env}
-        return {name: str(value) for name, value in values.items() if value is not None}
+        exported = {name: str(value) for name, value in values.items() if value is not None}
+        if self.given:
+            exported[GIVEN_ENV] = ",".join(sorted(self.given))
+        return exported
 
 
 #: Each setting's description, by field name, in declaration order.
-VARIABLES: dict[str, Variable] = {field.name: field.metadata["variable"] for field in dataclasses.fields(Settings)}
+VARIABLES: dict[str, Variable] = {
+    field.name: field.metadata["variable"] for field in dataclasses.fields(Settings) if "variable" in field.metadata
+}
 #: Each setting's default, by field name.
-DEFAULTS: dict[str, object] = {field.name: field.default for field in dataclasses.fields(Settings)}
+DEFAULTS: dict[str, object] = {
+    field.name: field.default for field in dataclasses.fields(Settings) if field.name in VARIABLES
+}

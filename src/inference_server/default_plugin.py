@@ -110,3 +110,15 @@ def max_concurrent_transforms() -> int:
 def max_payload_in_mb() -> int:
     """``SAGEMAKER_MAX_PAYLOAD_IN_MB``, else 6."""
     return _settings.env_max_payload_in_mb()
+
+
+@plugin_hook(trylast=True)
+def batching() -> dict[str, int] | None:
+    """No preference: the options and variables decide (off by default)."""
+    return None
+
+
+@plugin_hook(trylast=True)
+def predict_batch_fn(data: list[Any], model: Any) -> list[Any] | None:
+    """Leave grouping to the built-in batching."""
+    return None

@@ -28,6 +28,7 @@ the codecs load no part of werkzeug.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import ClassVar
 
 __all__ = [
@@ -101,9 +102,11 @@ class HTTPError(InferenceServerError):
     code: ClassVar[int] = 500
     description: str = "The server could not answer the request."
 
-    def __init__(self, description: str | None = None) -> None:
+    def __init__(self, description: str | None = None, headers: Sequence[tuple[str, str]] = ()) -> None:
         if description is not None:
             self.description = description
+        #: Headers the response carries beside the JSON error body (e.g. ``Retry-After``).
+        self.headers = list(headers)
         super().__init__(self.description)
 
 
@@ -161,7 +164,7 @@ class EncodeError(HTTPError):
 
 
 class ServiceUnavailable(HTTPError):
-    """503: the model is not loaded or not healthy."""
+    """503: the model is not loaded or not healthy, the server is shutting down, or its queue is full."""
 
     code = 503
     description = "The model is not available."

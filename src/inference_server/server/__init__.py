@@ -70,6 +70,16 @@ def _log_summary(app: App) -> None:
         settings.threads,
         settings.server,
     )
+    batching = app.batching
+    if batching.enabled:
+        logger.info(
+            "micro-batching: up to %d requests per predict_fn call (%d at once), waiting at most %g ms for requests "
+            "on their way; up to %d waiting per worker",
+            batching.max_batch_size,
+            batching.slots,
+            batching.max_batch_delay * 1000,
+            batching.max_queue,
+        )
     for problem in _plugins.problems(app.pm):
         logger.warning("%s", problem)
     _model.check_model_dir(settings.model_dir)

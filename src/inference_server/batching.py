@@ -1,0 +1,360 @@
+"""Adaptive micro-batching: the inputs of concurrent requests share one ``predict_fn`` call. Knows nothing of HTTP.
+
+Each request runs ``input_fn`` on its own thread, then hands its input to the worker's :class:`Batcher` and waits
+for its own prediction; ``output_fn`` runs on its thread again. Inputs are grouped by what can be joined:
+
+- ndarrays of one dtype and one shape after axis 0 are concatenated along axis 0, ``predict_fn`` runs once on the
+  whole, and its prediction (an ndarray, a dict, tuple or list of ndarrays, a pandas DataFrame or an Arrow table,
+  whose leading dimension is the total of rows) is cut back into each request's rows: views, never copies;
+- a plugin's ``predict_batch_fn(data, model)`` takes any group (of arrays too) as a list, one prediction per input;
+- anything else runs alone.
+
+**Adaptive.** No thread of its own and no fixed window: the request that finds the model free takes the oldest
+group at once (itself, when it is alone: a lone request waits for nothing) unless other requests are still in
+``input_fn`` on their way to the queue; then it waits for them until the group is full or the oldest input has
+waited ``max_batch_delay``. While the model is busy, inputs gather in the queue and go together when it frees.
+A group holds at most ``max_batch_size`` requests; ``slots`` groups run at once (``--threads``).
+
+**Errors stay per request.** When ``predict_fn`` raises for a group of several, each input of the group is run
+again alone, so only the inputs that fail get an error (the cost: one more call per input of a failed group). A
+prediction whose leading dimension is not the total of rows is an error for the whole group, never a silent
+mis-split.
+
+**Bounded.** At most ``max_queue`` inputs wait; one more is refused at once (:class:`~inference_server.errors.
+ServiceUnavailable` with ``Retry-After``). An input whose request was answered already (a timeout) leaves the queue
+unrun.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import itertools
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+import pluggy
+
+from inference_server._deadlines import RUNNING, WAITING, Call, Cancelled
+from inference_server.errors import ConfigurationError, HookError, ServiceUnavailable
+
+#: The built-in defaults: off; 5 ms of waiting for company; a queue of 4 groups.
+DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_BATCH_DELAY_MS, QUEUE_PER_BATCH = 1, 5, 4
+#: The longest queue a worker may hold: each waiting request holds a server thread, and a worker starts up to
+#: about 1,000 (see ``server.SLOW_CLIENT_THREADS``), some of which must stay free for /ping.
+MAX_QUEUE = 960
+#: Seconds a refused request is told to wait before it tries again.
+RETRY_AFTER = 1
+#: Seconds between checks, by a waiting request, of whether it was answered already (a timeout).
+_POLL = 0.25
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """How one worker batches: ``max_batch_size`` 1 is off."""
+
+    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
+    #: Seconds.
+    max_batch_delay: float = DEFAULT_MAX_BATCH_DELAY_MS / 1000
+    max_queue: int = DEFAULT_MAX_BATCH_SIZE * QUEUE_PER_BATCH
+    #: Groups run at once.
+    slots: int = 1
+
+    @property
+    def enabled(self) -> bool:
+        return self.max_batch_size > 1
+
+
+def options(given: Mapping[str, int | None], chosen: frozenset[str], hook: Any, slots: int) -> Options:
+    """The worker's batching options: ``given`` (the settings; ``None``: unset), where those named in ``chosen``
+    (given as options on the command line) win over the ``batching`` hook's dict, which wins over the rest."""
+    if hook is not None and not isinstance(hook, dict):
+        raise ConfigurationError(f"hook batching returned {hook!r}: it must be a dict or None")
+    wanted = hook or {}
+    unknown = set(wanted) - {"max_batch_size", "max_batch_delay_ms"}
+    if unknown:
+        raise ConfigurationError(
+            f"hook batching returned unknown keys {', '.join(sorted(unknown))}: the keys are max_batch_size and "
+            "max_batch_delay_ms"
+        )
+
+    def pick(name: str, default: int, minimum: int) -> int:
+        value = given.get(name)
+        if name not in chosen and name in wanted:
+            value = wanted[name]
+            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+                raise ConfigurationError(f"hook batching returned {name} {value!r}: it must be an integer >= {minimum}")
+        return default if value is None else value
+
+    size = pick("max_batch_size", DEFAULT_MAX_BATCH_SIZE, 1)
+    delay = pick("max_batch_delay_ms", DEFAULT_MAX_BATCH_DELAY_MS, 0)
+    queue = given.get("max_queue") or QUEUE_PER_BATCH * size
+    if queue > MAX_QUEUE:
+        raise ConfigurationError(f"max queue {queue}: at most {MAX_QUEUE} (each waiting request holds a thread)")
+    return Options(size, delay / 1000, queue, slots)
+
+
+class _Input:
+    """One request's input in the queue, and what became of it."""
+
+    __slots__ = ("call", "data", "done", "error", "key", "model", "queued", "result", "since")
+
+    def __init__(self, data: Any, model: Any, key: object, call: Call | None) -> None:
+        self.data, self.model, self.key, self.call = data, model, key, call
+        self.since = time.monotonic()
+        self.queued = True
+        self.done = False
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+    @property
+    def answered(self) -> bool:
+        """The request was answered already (its deadline passed): never run it."""
+        return self.call is not None and self.call.cancelled
+
+
+class Batcher:
+    """One worker's queue of inputs and the groups run from it (see the module's text)."""
+
+    def __init__(
+        self,
+        settings: Options,
+        predict: Callable[[Any, Any], Any],
+        predict_batch: Callable[[list[Any], Any], list[Any] | None] | None = None,
+    ) -> None:
+        self.options = settings
+        self._predict = predict
+        self._predict_batch = predict_batch
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._queue: collections.deque[_Input] = collections.deque()
+        self._free = settings.slots
+        #: Requests in ``input_fn``, on their way to the queue: a free model waits for them (up to the delay).
+        self._coming = 0
+
+    @classmethod
+    def for_hooks(cls, settings: Options, pm: pluggy.PluginManager, predict: Callable[[Any, Any], Any]) -> Batcher:
+        """A batcher calling ``predict`` (the ``predict_fn`` caller), and ``predict_batch_fn`` if a plugin has one."""
+        from inference_server import _plugins
+
+        implementations = pm.hook.predict_batch_fn.get_hookimpls()
+        batch = None
+        if any(impl.plugin_name != _plugins.DEFAULTS_NAME for impl in implementations):
+            caller = _plugins.first_result_caller(pm, "predict_batch_fn")
+
+            def batch(data: list[Any], model: Any) -> list[Any] | None:
+                return caller(data=data, model=model)  # type: ignore[no-any-return]
+
+        return cls(settings, predict, batch)
+
+    def coming(self) -> None:
+        """A request started ``input_fn``: its input will follow (:meth:`predict`) unless it fails (:meth:`gone`)."""
+        with self._lock:
+            self._coming += 1
+
+    def gone(self) -> None:
+        """A request that said :meth:`coming` will send no input after all."""
+        with self._lock:
+            self._coming -= 1
+            self._changed.notify_all()
+
+    def predict(self, data: Any, model: Any, call: Call | None = None, *, coming: bool = False) -> Any:
+        """The prediction for one request's input, computed with those of other requests where they can be joined.
+
+        Raises what ``predict_fn`` raised for this input, :class:`ServiceUnavailable` when the queue is full, and
+        :class:`Cancelled` when the request was answered while it waited. ``coming``: the request said
+        :meth:`coming` before ``input_fn``.
+        """
+        item = _Input(data, model, self._key(data, model), call)
+        with self._lock:
+            if coming:
+                self._coming -= 1
+            if len(self._queue) >= self.options.max_queue:
+                self._changed.notify_all()
+                raise ServiceUnavailable(
+                    f"the model's queue is full ({self.options.max_queue} requests waiting); send the request "
+                    f"again in {RETRY_AFTER} s",
+                    headers=[("Retry-After", str(RETRY_AFTER))],
+                )
+            if call is not None:
+                call.enter(WAITING)
+            self._queue.append(item)
+            self._changed.notify_all()
+        while True:
+            group = self._wait(item)
+            if group is None:
+                break
+            try:
+                self._run(group)
+            finally:
+                with self._lock:
+                    self._free += 1
+                    for member in group:
+                        member.done = True
+                    self._changed.notify_all()
+        if item.error is not None:
+            raise item.error
+        return item.result
+
+    def _wait(self, item: _Input) -> list[_Input] | None:
+        """Wait until ``item`` is done (None) or this thread may run a group (taken from the queue, with a slot)."""
+        with self._lock:
+            while not item.done:
+                if item.answered and item.queued:
+                    self._queue.remove(item)
+                    item.queued = False
+                    raise Cancelled
+                wait = _POLL
+                if self._free and item.queued:
+                    group, wait = self._ready()
+                    if group:
+                        self._free -= 1
+                        return group
+                self._changed.wait(wait)
+        return None
+
+    def _ready(self) -> tuple[list[_Input], float]:
+        """The oldest group if it should go now (else empty), and how long to wait before asking again."""
+        queue = self._queue
+        while queue and queue[0].answered:  # its request had its answer (a timeout): never run it
+            dropped = queue.popleft()
+            dropped.queued, dropped.done, dropped.error = False, True, Cancelled()
+        if not queue:
+            return [], _POLL
+        head = queue[0]
+        size = self.options.max_batch_size
+        if head.key is None:
+            members = [head]
+        else:
+            members = [item for item in queue if item.key == head.key and not item.answered][:size]
+        waited = time.monotonic() - head.since
+        if len(members) < size and head.key is not None and self._coming and waited < self.options.max_batch_delay:
+            return [], self.options.max_batch_delay - waited  # others are on their way: wait a little for them
+        for member in members:
+            queue.remove(member)
+            member.queued = False
+        return members, 0.0
+
+    def _key(self, data: Any, model: Any) -> object:
+        """What an input may be grouped by (None: alone): arrays by dtype and trailing shape; with
+        ``predict_batch_fn``, anything else together too."""
+        if isinstance(data, np.ndarray) and data.ndim >= 1 and not data.dtype.hasobject:
+            return (id(model), data.dtype.str, data.shape[1:])
+        return (id(model), "any") if self._predict_batch is not None else None
+
+    def _run(self, group: list[_Input]) -> None:
+        """Run one group's prediction and give each input its own result or error."""
+        for member in group:
+            if member.call is not None:
+                member.call.stage = RUNNING
+        model = group[0].model
+        if len(group) == 1 and self._predict_batch is None:
+            _alone(self._predict, group[0])
+            return
+        try:
+            predictions = self._together(group, model)
+        except HookError as exc:  # a mis-sized answer: the group's, not one input's
+            for member in group:
+                member.error = exc
+            return
+        except Exception:
+            for member in group:  # run each again alone, so that only the bad ones fail
+                _alone(self._predict, member)
+            return
+        if predictions is None:  # predict_batch_fn declined and the inputs cannot be joined
+            for member in group:
+                _alone(self._predict, member)
+            return
+        for member, prediction in zip(group, predictions, strict=True):
+            member.result = prediction
+
+    def _together(self, group: list[_Input], model: Any) -> list[Any] | None:
+        data = [member.data for member in group]
+        if self._predict_batch is not None:
+            predictions = self._predict_batch(data, model)
+            if predictions is not None:
+                if not isinstance(predictions, (list, tuple)) or len(predictions) != len(group):
+                    raise HookError(
+                        "predict_batch_fn",
+                        TypeError("predict_batch_fn must return one prediction per input"),
+                        summary=f"predict_batch_fn returned {_described(predictions)} for {len(group)} inputs; it "
+                        "must return a list of one prediction per input",
+                    )
+                return list(predictions)
+        if not isinstance(data[0], np.ndarray):
+            return None
+        rows = [len(array) for array in data]
+        prediction = self._predict(np.concatenate(data), model)
+        return split(prediction, rows)
+
+
+def _alone(predict: Callable[[Any, Any], Any], member: _Input) -> None:
+    if member.answered:
+        member.error = Cancelled()
+        return
+    try:
+        member.result = predict(member.data, member.model)
+    except Exception as exc:
+        member.error = exc
+
+
+def _described(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return f"a {type(value).__name__} of {len(value)}"
+    return f"a {type(value).__name__}"
+
+
+def split(prediction: Any, rows: list[int]) -> list[Any]:
+    """Cut a prediction for the concatenated inputs back into one per input, by each input's row count: an ndarray
+    (or list) by its leading dimension, each value of a dict, each item of a tuple or list of arrays, a pandas
+    DataFrame's rows, an Arrow table's rows. Anything whose leading dimension is not the total is a
+    :class:`HookError` for the whole group."""
+    total = sum(rows)
+    pieces = list(itertools.pairwise(itertools.accumulate(rows, initial=0)))
+
+    def check(length: int | None, what: str) -> None:
+        if length != total:
+            got = "no rows" if length is None else f"{length} rows"
+            raise HookError(
+                "predict_fn",
+                ValueError(f"predict_fn returned {got} for a batch of {total} rows"),
+                summary=f"predict_fn returned {what} of {got} for a batch of {total} rows from {len(rows)} requests; "
+                "a batched predict_fn must return one row per input row (or set max_batch_size 1)",
+            )
+
+    if isinstance(prediction, np.ndarray):
+        check(len(prediction) if prediction.ndim else None, "an array")
+        return [prediction[start:end] for start, end in pieces]
+    if isinstance(prediction, dict):
+        for key, value in prediction.items():
+            check(_length(value), f"{key!r}")
+        return [{key: value[start:end] for key, value in prediction.items()} for start, end in pieces]
+    if (
+        isinstance(prediction, (tuple, list))
+        and prediction
+        and all(isinstance(value, np.ndarray) and _length(value) == total for value in prediction)
+    ):  # several outputs, each with a row per input row
+        return [type(prediction)(value[start:end] for value in prediction) for start, end in pieces]
+    if isinstance(prediction, tuple):
+        for number, value in enumerate(prediction):
+            check(_length(value), f"item {number}")
+    if isinstance(prediction, list):
+        check(len(prediction), "a list")
+        return [prediction[start:end] for start, end in pieces]
+    if hasattr(prediction, "iloc"):  # pandas
+        check(len(prediction), f"a {type(prediction).__name__}")
+        return [prediction.iloc[start:end] for start, end in pieces]
+    if hasattr(prediction, "num_rows") and hasattr(prediction, "slice"):  # Arrow
+        check(prediction.num_rows, f"a {type(prediction).__name__}")
+        return [prediction.slice(start, end - start) for start, end in pieces]
+    check(None, f"a {type(prediction).__name__}")
+    raise AssertionError  # check raised
+
+
+def _length(value: Any) -> int | None:
+    if isinstance(value, np.ndarray):
+        return len(value) if value.ndim else None
+    return len(value) if hasattr(value, "__len__") and not isinstance(value, (str, bytes)) else None

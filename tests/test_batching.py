@@ -1,0 +1,433 @@
+"""Micro-batching (``batching.py``): real servers with a plugin that logs every ``predict_fn`` call, concurrent
+clients checking every value of their own answer, and the batcher's rules in-process."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import io
+import signal
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import pandas as pd
+import pyarrow as pa
+import pytest
+
+import inference_server
+from inference_server import batching, testing
+from inference_server._app import App
+from inference_server._settings import Settings
+from inference_server.errors import ConfigurationError, HookError
+from tests.conftest import Reply, Server
+
+#: predict_fn doubles and adds one (every answer differs from its input); a row starting with -1 makes it raise;
+#: MIS_SIZE drops a row of every batch of several requests; a row ending in 99 takes 2.5 s, others PREDICT_SLEEP;
+#: each call is logged as "rows dtype trailing-shape".
+BATCHED = """
+    import os
+    import time
+
+    import numpy as np
+
+    import inference_server
+
+    @inference_server.plugin_hook
+    def model_fn(model_dir):
+        return "model"
+
+    @inference_server.plugin_hook
+    def predict_fn(data, model):
+        with open(os.environ["CALLS_LOG"], "a") as log:
+            log.write(f"{len(data)} {data.dtype} {'x'.join(map(str, data.shape[1:]))}\\n")
+        time.sleep(2.5 if (data[:, -1] == 99).any() else float(os.environ.get("PREDICT_SLEEP", "0.05")))
+        if (data[:, 0] == -1).any():
+            raise ValueError("a row starts with -1")
+        if os.environ.get("MIS_SIZE") and len(data) > 1:
+            return data[1:]
+        return data * 2 + 1
+"""
+
+#: predict_batch_fn for JSON objects: one answer per input, saying how many shared the call.
+BATCH_FN = """
+    import os
+    import time
+
+    import inference_server
+
+    @inference_server.plugin_hook
+    def predict_batch_fn(data, model):
+        if not isinstance(data[0], dict):
+            return None
+        with open(os.environ["CALLS_LOG"], "a") as log:
+            log.write(f"{len(data)} objects\\n")
+        time.sleep(0.05)
+        return [{"x": item["x"], "shared": len(data)} for item in data]
+"""
+
+
+def _npy(array: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    np.save(buffer, array)
+    return buffer.getvalue()
+
+
+def _post(server: Server, array: np.ndarray) -> Reply:
+    headers = {"Content-Type": "application/x-npy", "Accept": "application/x-npy"}
+    return server.request("POST", "/invocations", _npy(array), headers)
+
+
+def _at_once(count: int, send: Callable[[int], Any]) -> list[Any]:
+    with concurrent.futures.ThreadPoolExecutor(count) as pool:
+        return list(pool.map(send, range(count)))
+
+
+class Calls:
+    """The plugin's call log: one line per predict_fn (or predict_batch_fn) call."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def lines(self) -> list[str]:
+        return self.path.read_text().splitlines() if self.path.exists() else []
+
+    def rows(self) -> list[int]:
+        return [int(line.split()[0]) for line in self.lines()]
+
+
+@pytest.fixture
+def calls(tmp_path: Path) -> Calls:
+    return Calls(tmp_path / "calls.log")
+
+
+@pytest.fixture
+def start(servers: Any, plugin_site: Any, calls: Calls) -> Callable[..., Server]:
+    """Start a server with the batched plugin (and more env)."""
+    plugin_site.add("batched", BATCHED)
+
+    def start(*args: str, **env: str) -> Server:
+        server: Server = servers.start(*args, env={"CALLS_LOG": str(calls.path), **env})
+        return server
+
+    return start
+
+
+@pytest.mark.parametrize("backend", ["granian", "gunicorn"])
+def test_64_concurrent_requests_each_get_exactly_their_own_answer(
+    backend: str, start: Callable[..., Server], calls: Calls
+) -> None:
+    """64 requests at once, each with its own values and 1 to 3 rows: every value of every answer is its own
+    input's prediction, and the model saw fewer calls than requests (groups formed), all rows accounted for."""
+    server = start("--server", backend, "--max-batch-size", "16")
+
+    def send(i: int) -> np.ndarray:
+        rows = i % 3 + 1
+        data = np.arange(rows * 4, dtype="f4").reshape(rows, 4) + 1000 * i
+        reply = _post(server, data)
+        assert reply.status == 200, reply.body
+        answer = np.load(io.BytesIO(reply.body))
+        np.testing.assert_array_equal(answer, data * 2 + 1)
+        return answer
+
+    _at_once(64, send)
+    rows = calls.rows()
+    assert sum(rows) == sum(i % 3 + 1 for i in range(64))
+    assert len(rows) < 64, rows
+    assert max(rows) > 3
+
+
+def test_inputs_of_other_shapes_or_dtypes_are_grouped_apart(start: Callable[..., Server], calls: Calls) -> None:
+    """A burst of (n, 4) float32, (n, 3) float32 and (n, 4) float64 inputs: all succeed, and no call mixes them."""
+    server = start("--max-batch-size", "16")
+    kinds = [("f4", 4), ("f4", 3), ("f8", 4)]
+
+    def send(i: int) -> None:
+        dtype, width = kinds[i % 3]
+        data = np.full((1, width), i, dtype=dtype)
+        reply = _post(server, data)
+        assert reply.status == 200, reply.body
+        answer = np.load(io.BytesIO(reply.body))
+        assert answer.dtype == np.dtype(dtype)
+        np.testing.assert_array_equal(answer, data * 2 + 1)
+
+    _at_once(36, send)
+    lines = calls.lines()
+    assert {line.split(" ", 1)[1] for line in lines} == {"float32 4", "float32 3", "float64 4"}
+    assert sum(calls.rows()) == 36
+    assert len(lines) < 36
+
+
+def test_a_bad_input_fails_alone_while_its_group_succeeds(start: Callable[..., Server], calls: Calls) -> None:
+    """One of 16 concurrent inputs makes predict_fn raise: its group is run again one by one, so only that request
+    gets the 500 (naming predict_fn) and the 15 others their own answers."""
+    server = start("--max-batch-size", "16")
+
+    def send(i: int) -> Reply:
+        return _post(server, np.array([[-1.0 if i == 7 else i, 0.0]], dtype="f4"))
+
+    replies = _at_once(16, send)
+    assert [reply.status for reply in replies].count(500) == 1
+    assert replies[7].status == 500
+    assert "predict_fn raised ValueError" in replies[7].json()["message"]
+    for i, reply in enumerate(replies):
+        if i != 7:
+            np.testing.assert_array_equal(np.load(io.BytesIO(reply.body)), [[2.0 * i + 1, 1.0]])
+    rows = calls.rows()
+    assert max(rows) > 1  # a group formed, failed, and was run again input by input
+    assert rows.count(1) >= max(rows)
+
+
+def test_a_mis_sized_prediction_fails_its_whole_group_with_a_message(
+    start: Callable[..., Server], calls: Calls
+) -> None:
+    """predict_fn returning one row fewer than the group's rows: every request of such a group gets a 500 saying
+    so, never another request's rows."""
+    server = start("--max-batch-size", "8", MIS_SIZE="1")
+    replies = _at_once(8, lambda i: _post(server, np.full((1, 2), i, dtype="f4")))
+    failed = [reply for reply in replies if reply.status == 500]
+    assert failed, [reply.status for reply in replies]
+    for reply in failed:
+        assert "rows for a batch of" in reply.json()["message"]
+        assert "one row per input row" in reply.json()["message"]
+    for i, reply in enumerate(replies):
+        if reply.status == 200:  # ran alone: unbatched, as the model answers
+            np.testing.assert_array_equal(np.load(io.BytesIO(reply.body)), [[2.0 * i + 1] * 2])
+
+
+def test_beyond_the_queue_requests_get_503_with_retry_after_and_ping_stays_200(
+    start: Callable[..., Server], calls: Calls
+) -> None:
+    """--max-queue 2 with a slow model: of 12 requests at once, those beyond the queue get 503 with Retry-After at
+    once, the rest succeed, and /ping answers 200 within 2 s throughout."""
+    server = start("--max-batch-size", "2", "--max-queue", "2", PREDICT_SLEEP="1")
+    with concurrent.futures.ThreadPoolExecutor(12) as pool:
+        started = time.monotonic()
+        futures = [pool.submit(_post, server, np.full((1, 2), i, dtype="f4")) for i in range(12)]
+        time.sleep(0.3)
+        ping_started = time.monotonic()
+        assert server.request("GET", "/ping", timeout=2).status == 200
+        assert time.monotonic() - ping_started < 2
+        replies = [future.result() for future in futures]
+    refused = [reply for reply in replies if reply.status == 503]
+    assert refused
+    assert all(reply.status in (200, 503) for reply in replies)
+    for reply in refused:
+        assert reply.headers["Retry-After"] == "1"
+        assert "queue is full (2 requests waiting)" in reply.json()["message"]
+    assert len(refused) <= 12 - 3  # the running group and the queue's 2 at least were served
+    assert time.monotonic() - started < 10
+
+
+def test_sigterm_with_a_full_queue_answers_every_queued_request(servers: Any, plugin_site: Any, calls: Calls) -> None:
+    """SIGTERM while 12 requests wait for a slow model: every one of them is answered 200 with its own values,
+    then the server exits 0."""
+    plugin_site.add("batched", BATCHED)
+    env = {"CALLS_LOG": str(calls.path), "PREDICT_SLEEP": "0.5"}
+    server = servers.start("--max-batch-size", "4", "--max-queue", "16", env=env)
+    with concurrent.futures.ThreadPoolExecutor(12) as pool:
+        futures = [pool.submit(_post, server, np.full((1, 2), i, dtype="f4")) for i in range(12)]
+        time.sleep(0.3)
+        server.process.send_signal(signal.SIGTERM)
+        replies = [future.result() for future in futures]
+    for i, reply in enumerate(replies):
+        assert reply.status == 200, reply.body
+        np.testing.assert_array_equal(np.load(io.BytesIO(reply.body)), [[2.0 * i + 1] * 2])
+    assert server.process.wait(15) == 0
+    assert sum(calls.rows()) == 12
+
+
+def test_a_queued_request_past_its_timeout_gets_504_and_never_runs(start: Callable[..., Server], calls: Calls) -> None:
+    """--timeout 1 while the model takes 2.5 s: requests queued behind it get 504 with their request id, leave the
+    queue unrun (the model saw one call), and the next request is served."""
+    server = start("--max-batch-size", "2", "--max-queue", "4", "--timeout", "1")
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        first = pool.submit(_post, server, np.array([[1, 99]], dtype="f4"))
+        time.sleep(0.3)
+        queued = [pool.submit(_post, server, np.full((1, 2), i, dtype="f4")) for i in (2, 3)]
+        for future in queued:
+            reply = future.result()
+            assert reply.status == 504
+            assert reply.json()["request_id"] == reply.headers["X-Request-Id"]
+            assert "waiting for the model" in reply.json()["message"]
+        assert first.result().status == 504
+    time.sleep(2.5)
+    assert calls.rows() == [1]
+    reply = _post(server, np.full((1, 2), 4, dtype="f4"))
+    assert reply.status == 200
+    assert calls.rows() == [1, 1]
+
+
+def test_a_lone_request_waits_for_nothing(start: Callable[..., Server], calls: Calls) -> None:
+    """With a 2 s --max-batch-delay and no other request on its way, a request goes to the model at once."""
+    server = start("--max-batch-size", "8", "--max-batch-delay", "2000", PREDICT_SLEEP="0")
+    _post(server, np.zeros((1, 2), dtype="f4"))
+    started = time.monotonic()
+    for _ in range(5):
+        assert _post(server, np.zeros((1, 2), dtype="f4")).status == 200
+    assert (time.monotonic() - started) / 5 < 0.2
+
+
+def test_predict_batch_fn_groups_inputs_that_are_not_arrays(servers: Any, plugin_site: Any, calls: Calls) -> None:
+    """A plugin's predict_batch_fn gets JSON objects of concurrent requests as one list, and each request gets
+    its own item back; arrays (which it declines) are still concatenated for predict_fn."""
+    plugin_site.add("batched", BATCHED)
+    plugin_site.add("batch_fn", BATCH_FN)
+    server = servers.start("--max-batch-size", "8", env={"CALLS_LOG": str(calls.path)})
+    headers = {"Content-Type": "application/json", "Accept": "application/json"}
+
+    def send(i: int) -> dict[str, int]:
+        reply = server.request("POST", "/invocations", orjson.dumps({"x": i}), headers)
+        assert reply.status == 200, reply.body
+        answer: dict[str, int] = reply.json()
+        assert answer["x"] == i
+        return answer
+
+    answers = _at_once(24, send)
+    assert max(answer["shared"] for answer in answers) > 1
+    objects = [line for line in calls.lines() if line.endswith("objects")]
+    assert sum(int(line.split()[0]) for line in objects) == 24
+    arrays = _at_once(8, lambda i: _post(server, np.full((1, 2), i, dtype="f4")))
+    assert all(reply.status == 200 for reply in arrays)
+
+
+class Hooked:
+    """A plugin asking for batches of 3 through the batching hook."""
+
+    @inference_server.plugin_hook
+    def batching(self) -> dict[str, int]:
+        return {"max_batch_size": 3}
+
+
+@pytest.fixture
+def hooked(monkeypatch: pytest.MonkeyPatch) -> Iterator[Hooked]:
+    """The defaults and the Hooked plugin only, for this test."""
+    monkeypatch.setenv("INFERENCE_SERVER_PLUGINS", "")
+    plugin = Hooked()
+    testing.plugin_manager().register(plugin)
+    try:
+        yield plugin
+    finally:
+        if testing.plugin_manager().is_registered(plugin):
+            testing.plugin_manager().unregister(plugin)
+
+
+def test_the_option_wins_over_the_hook_and_the_hook_over_the_variable(hooked: Hooked) -> None:
+    """--max-batch-size beats the batching hook, which beats INFERENCE_SERVER_MAX_BATCH_SIZE; the queue is 4x the
+    batch size unless set; serve's workers see the option as given (INFERENCE_SERVER_GIVEN)."""
+    pm = testing.plugin_manager()
+    variable = {"INFERENCE_SERVER_MAX_BATCH_SIZE": "5", "INFERENCE_SERVER_MAX_BATCH_DELAY_MS": "9"}
+    from_variable = App(Settings.from_env(variable), pm).batching
+    assert (from_variable.max_batch_size, from_variable.max_batch_delay, from_variable.max_queue) == (3, 0.009, 12)
+    option = Settings.from_env(variable, max_batch_size=2)
+    assert App(option, pm).batching.max_batch_size == 2
+    in_a_worker = Settings.from_env(option.environ())
+    assert App(in_a_worker, pm).batching.max_batch_size == 2
+    pm.unregister(hooked)
+    assert App(Settings.from_env(variable), pm).batching.max_batch_size == 5
+    assert App(Settings.from_env({}), pm).batching.enabled is False
+
+
+@pytest.mark.parametrize(
+    ("answer", "message"),
+    [
+        ([1, 2], "must be a dict or None"),
+        ({"max_batch_size": 0}, "max_batch_size 0: it must be an integer >= 1"),
+        ({"batch_size": 4}, "unknown keys batch_size"),
+    ],
+)
+def test_a_bad_batching_hook_stops_start_up(answer: Any, message: str) -> None:
+    """A batching hook returning something else than a dict of the two keys with valid values: ConfigurationError."""
+    with pytest.raises(ConfigurationError, match=message):
+        batching.options({}, frozenset(), answer, 1)
+
+
+def test_a_queue_longer_than_the_threads_can_hold_is_refused() -> None:
+    """--max-queue above what a worker's threads hold is a ConfigurationError at start-up."""
+    with pytest.raises(ConfigurationError, match="at most 960"):
+        batching.options({"max_batch_size": 4, "max_queue": 5000}, frozenset(), None, 1)
+
+
+def test_in_process_the_wsgi_app_batches_concurrent_requests(monkeypatch: pytest.MonkeyPatch) -> None:
+    """testing.client with INFERENCE_SERVER_MAX_BATCH_SIZE: concurrent requests from threads share calls, each with
+    its own answer (a batched model tested without a server)."""
+    monkeypatch.setenv("INFERENCE_SERVER_PLUGINS", "")
+    monkeypatch.setenv("INFERENCE_SERVER_MAX_BATCH_SIZE", "8")
+    seen: list[int] = []
+
+    class Model:
+        @inference_server.plugin_hook
+        def predict_fn(self, data: np.ndarray, model: Any) -> np.ndarray:
+            seen.append(len(data))
+            time.sleep(0.01)
+            return data + 0.5
+
+    plugin = Model()
+    testing.plugin_manager().register(plugin)
+    try:
+        client = testing.client()
+
+        def send(i: int) -> None:
+            body = _npy(np.full((1, 3), i, dtype="f8"))
+            reply = client.post("/invocations", data=body, content_type="application/x-npy")
+            assert reply.status_code == 200, reply.data
+            np.testing.assert_array_equal(np.load(io.BytesIO(reply.data)), [[i + 0.5] * 3])
+
+        _at_once(48, send)
+    finally:
+        testing.plugin_manager().unregister(plugin)
+    assert sum(seen) == 48
+    assert len(seen) < 48
+
+
+@pytest.mark.parametrize(
+    "prediction",
+    [
+        np.arange(12).reshape(6, 2),
+        {"a": np.arange(6), "b": np.arange(12).reshape(6, 2)},
+        (np.arange(6), np.arange(6) * 2),
+        [np.arange(6), np.arange(6)],
+        list(range(6)),
+        pd.DataFrame({"a": range(6)}),
+        pa.table({"a": list(range(6))}),
+    ],
+    ids=["array", "dict", "tuple", "list-of-arrays", "list", "DataFrame", "Arrow"],
+)
+def test_split_cuts_every_supported_prediction_by_rows(prediction: Any) -> None:
+    """split gives rows 0-1, 2 and 3-5 of each supported prediction type, as views of the same type."""
+    first, second, third = batching.split(prediction, [2, 1, 3])
+    if isinstance(prediction, np.ndarray):
+        assert [len(first), len(second), len(third)] == [2, 1, 3]
+        assert np.shares_memory(first, prediction)
+    elif isinstance(prediction, dict):
+        np.testing.assert_array_equal(third["b"], prediction["b"][3:])
+    elif isinstance(prediction, tuple):
+        assert isinstance(second, tuple)
+        np.testing.assert_array_equal(second[1], [4])
+    elif isinstance(prediction, list) and isinstance(prediction[0], np.ndarray):
+        np.testing.assert_array_equal(first[0], [0, 1])
+    elif isinstance(prediction, list):
+        assert third == [3, 4, 5]
+    elif isinstance(prediction, pd.DataFrame):
+        assert third["a"].tolist() == [3, 4, 5]
+    else:
+        assert third.column("a").to_pylist() == [3, 4, 5]
+
+
+@pytest.mark.parametrize(
+    ("prediction", "what"),
+    [
+        (np.arange(5), "an array of 5 rows"),
+        (np.float64(1.0), "a float64 of no rows"),
+        ({"a": np.arange(6), "b": np.arange(2)}, "'b' of 2 rows"),
+        ("text", "a str of no rows"),
+    ],
+)
+def test_split_refuses_a_prediction_without_one_row_per_input_row(prediction: Any, what: str) -> None:
+    """A prediction (or any of its parts) whose leading dimension is not the total of rows: a HookError naming
+    what was wrong, for the whole group."""
+    with pytest.raises(HookError) as caught:
+        batching.split(prediction, [2, 1, 3])
+    assert f"predict_fn returned {what} for a batch of 6 rows from 3 requests" in caught.value.summary
