@@ -1,0 +1,227 @@
+"""Micro-batching: ours against batching off and against BentoML's adaptive batching, the same model in all.
+
+The model costs 5 ms per call plus 20 us per row: ``sleep`` (the GIL is free) or ``cpu`` (numpy burning the CPU for
+that long). Each client sends a (1, 16) float32 array over keep-alive connections (wrk, 1 to 128 connections): as
+``.npy`` to ours, as JSON to BentoML (its API takes arrays as JSON). Every contender runs 1 or 2 worker processes;
+ours and BentoML batch up to 32 requests per call. Printed: requests/s, p50 and p99 latency (wrk's), and the mean
+batch (rows per model call, from the model's own log), medians over rounds in a rotating order, and the ratios of
+ours to batching off and to BentoML.
+
+BentoML runs from PyPI in its own virtualenv (``benchmarks/.venv-bentoml``, made on first use).
+Run: ``.venv/bin/python benchmarks/batching.py`` (about 15 minutes; ``--quick``: one short round, fewer cases).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import _harness as h
+import numpy as np
+
+BENTOML_VENV = h.ROOT / "benchmarks" / ".venv-bentoml"
+BENTOML = "bentoml==1.4.40"
+MAX_BATCH = 32
+
+#: The cost of one call, shared by every contender's model.
+COST = """
+    import os
+    import time
+
+    import numpy as np
+
+    PER_CALL, PER_ROW = 0.005, 20e-6
+    CPU = os.environ.get("BENCH_VARIANT") == "cpu"
+    LOG = os.environ["BENCH_CALLS"]
+    _matrix = np.random.default_rng(0).random((64, 64))
+
+
+    def run(data):
+        seconds = PER_CALL + PER_ROW * len(data)
+        if CPU:
+            end = time.perf_counter() + seconds
+            while time.perf_counter() < end:
+                _matrix @ _matrix
+        else:
+            time.sleep(seconds)
+        with open(LOG, "a") as log:
+            log.write(f"{len(data)}\\n")
+        return data * 2
+"""
+
+OURS = """
+    import inference_server
+
+    import bench_cost
+
+    @inference_server.plugin_hook
+    def predict_fn(data, model):
+        return bench_cost.run(data)
+"""
+
+SERVICE = f"""
+    import os
+
+    import bentoml
+    import numpy as np
+
+    import bench_cost
+
+
+    @bentoml.service(workers=int(os.environ["BENCH_WORKERS"]))
+    class Model:
+        @bentoml.api(batchable=True, max_batch_size={MAX_BATCH})
+        def predict(self, data: np.ndarray) -> np.ndarray:
+            return bench_cost.run(data)
+"""
+
+
+def _npy_lua(array: np.ndarray) -> str:
+    buffer = io.BytesIO()
+    np.save(buffer, array)
+    body = "".join(f"\\{byte}" for byte in buffer.getvalue())  # Lua decimal escapes: any byte
+    return (
+        f'wrk.method = "POST"\nwrk.body = "{body}"\n'
+        'wrk.headers["Content-Type"] = "application/x-npy"\nwrk.headers["Accept"] = "application/x-npy"\n'
+    )
+
+
+ROW = np.linspace(0, 1, 16, dtype="f4").reshape(1, 16)
+NPY = _npy_lua(ROW)
+JSON = (
+    'wrk.method = "POST"\n'
+    f"wrk.body = '{{\"data\": {ROW.tolist()}}}'\n"
+    'wrk.headers["Content-Type"] = "application/json"\n'
+)
+
+
+def bentoml_python() -> Path:
+    python = BENTOML_VENV / "bin" / "python"
+    if not python.exists():
+        print(f"creating {BENTOML_VENV} with {BENTOML} ...", flush=True)
+        subprocess.run([sys.executable, "-m", "venv", str(BENTOML_VENV)], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "--quiet", BENTOML], check=True)
+    return python
+
+
+def _seconds(text: str) -> float:
+    value, unit = re.fullmatch(r"([\d.]+)(us|ms|s|m)", text).groups()  # type: ignore[union-attr]
+    return float(value) * {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0}[unit]
+
+
+def wrk(url: str, lua: str, connections: int, seconds: int) -> tuple[float, float, float]:
+    """Requests/s, p50 and p99 in ms, from ``wrk --latency``; error answers fail the run."""
+    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:
+        script.write(lua)
+    threads = min(2, connections)
+    command = ["wrk", f"-t{threads}", f"-c{connections}", f"-d{seconds}s", "--latency", "-s", script.name, url]
+    output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    if "Non-2xx" in output or "Socket errors" in output:
+        raise RuntimeError(f"{url}: errors under load:\n{output}")
+    rate = float(re.search(r"Requests/sec:\s+([\d.]+)", output).group(1))  # type: ignore[union-attr]
+    p50 = _seconds(re.search(r"\s50%\s+(\S+)", output).group(1))  # type: ignore[union-attr]
+    p99 = _seconds(re.search(r"\s99%\s+(\S+)", output).group(1))  # type: ignore[union-attr]
+    return rate, p50 * 1000, p99 * 1000
+
+
+@contextlib.contextmanager
+def contender(name: str, site: Path, variant: str, workers: int, calls: Path) -> Iterator[tuple[str, str]]:
+    """Start ``name``; yield its URL and the wrk script for it."""
+    port = h.free_port()
+    env = h.base_env(
+        PYTHONPATH=str(site),
+        BENCH_VARIANT=variant,
+        BENCH_CALLS=str(calls),
+        BENCH_WORKERS=str(workers),
+        INFERENCE_SERVER_PLUGINS="bench_ours",
+        INFERENCE_SERVER_LOG_LEVEL="warning",
+        BENTOML_DO_NOT_TRACK="true",
+    )
+    if name == "bentoml":
+        command = [str(bentoml_python()), "-m", "bentoml", "serve", "service:Model", "--host", "127.0.0.1"]
+        command += ["--port", str(port), "--working-dir", str(site)]
+        with h.running(name, command, port, env, "/readyz"):
+            yield f"http://127.0.0.1:{port}/predict", JSON
+        return
+    command = [h.PYTHON, "-m", "inference_server", "serve", "--host", "127.0.0.1", "--port", str(port)]
+    command += ["--workers", str(workers)]
+    if name == "ours":
+        command += ["--max-batch-size", str(MAX_BATCH)]
+    with h.running(name, command, port, env):
+        yield f"http://127.0.0.1:{port}/invocations", NPY
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="one round of 3 s, sleep variant, 1 worker")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--seconds", type=int, default=4)
+    args = parser.parse_args()
+    if shutil.which("wrk") is None:
+        sys.exit("wrk is needed (Debian package wrk)")
+    rounds, seconds = (1, 3) if args.quick else (args.rounds, args.seconds)
+    variants = ["sleep"] if args.quick else ["sleep", "cpu"]
+    worker_counts = [1] if args.quick else [1, 2]
+    levels = [1, 8, 32, 128]
+    names = ["off", "ours", "bentoml"]
+    site = h.plugin_site({"bench_ours": OURS})
+    (site / "bench_cost.py").write_text(textwrap.dedent(COST))
+    (site / "service.py").write_text(textwrap.dedent(SERVICE))
+    bentoml_python()
+    calls = site / "calls.log"
+    print(f"{platform.python_version()}, {h.load()}", flush=True)
+    results: dict[tuple[str, int, int, str], list[tuple[float, float, float, float]]] = {}
+    turn = 0
+    for variant in variants:
+        for workers in worker_counts:
+            for _ in range(rounds):
+                for name in names[turn % 3 :] + names[: turn % 3]:
+                    with contender(name, site, variant, workers, calls) as (url, lua):
+                        wrk(url, lua, 8, 1)  # warm-up: models loaded, threads started
+                        for clients in levels[turn % 4 :] + levels[: turn % 4]:
+                            calls.write_text("")
+                            rate, p50, p99 = wrk(url, lua, clients, seconds)
+                            rows = [int(line) for line in calls.read_text().split()]
+                            batch = sum(rows) / len(rows) if rows else 0.0
+                            results.setdefault((variant, workers, clients, name), []).append((rate, p50, p99, batch))
+                            print(
+                                f"  {variant} w{workers} c{clients:<3} {name:8} {rate:8.0f}/s p50 {p50:7.2f} ms "
+                                f"p99 {p99:7.2f} ms batch {batch:5.1f}",
+                                flush=True,
+                            )
+                    turn += 1
+    print(f"\n{h.load()}\n")
+    print("| model | workers | clients | off: req/s, p50, p99 | ours: req/s, p50, p99, batch | BentoML: req/s, p50, "
+          "p99, batch | ours/off | ours/BentoML |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
+    for variant in variants:
+        for workers in worker_counts:
+            for clients in levels:
+                cells = {}
+                for name in names:
+                    runs = results[variant, workers, clients, name]
+                    cells[name] = [h.median([run[i] for run in runs]) for i in range(4)]
+                off, ours, bento = cells["off"], cells["ours"], cells["bentoml"]
+
+                def cell(values: list[float], batch: bool = True) -> str:
+                    text = f"{values[0]:.0f}/s, {values[1]:.2f} ms, {values[2]:.2f} ms"
+                    return text + (f", {values[3]:.1f}" if batch else "")
+
+                print(
+                    f"| {variant} | {workers} | {clients} | {cell(off, False)} | {cell(ours)} | {cell(bento)} | "
+                    f"{ours[0] / off[0]:.2f}x | {ours[0] / bento[0]:.2f}x |"
+                )
+
+
+if __name__ == "__main__":
+    main()
