@@ -62,6 +62,28 @@ class PluginSite:
 
 
 @pytest.fixture
+def only_plugin(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[Any], Any]]:
+    """``only_plugin(plugin)``: the in-process plugin manager with the defaults and ``plugin`` only, for this test
+    (registered now, unregistered at its end); returns the plugin."""
+    from inference_server import _plugins
+
+    monkeypatch.setenv("INFERENCE_SERVER_PLUGINS", "")
+    registered: list[Any] = []
+
+    def register(plugin: Any) -> Any:
+        _plugins.manager().register(plugin)
+        registered.append(plugin)
+        return plugin
+
+    try:
+        yield register
+    finally:
+        for plugin in registered:
+            if _plugins.manager().is_registered(plugin):
+                _plugins.manager().unregister(plugin)
+
+
+@pytest.fixture
 def plugin_site(tmp_path: Path) -> PluginSite:
     """An empty :class:`PluginSite`."""
     path = tmp_path / "site"

@@ -7,7 +7,7 @@ import concurrent.futures
 import io
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -302,16 +302,10 @@ class Hooked:
 
 
 @pytest.fixture
-def hooked(monkeypatch: pytest.MonkeyPatch) -> Iterator[Hooked]:
+def hooked(only_plugin: Callable[[Any], Any]) -> Hooked:
     """The defaults and the Hooked plugin only, for this test."""
-    monkeypatch.setenv("INFERENCE_SERVER_PLUGINS", "")
-    plugin = Hooked()
-    testing.plugin_manager().register(plugin)
-    try:
-        yield plugin
-    finally:
-        if testing.plugin_manager().is_registered(plugin):
-            testing.plugin_manager().unregister(plugin)
+    plugin: Hooked = only_plugin(Hooked())
+    return plugin
 
 
 def test_the_option_wins_over_the_hook_and_the_hook_over_the_variable(hooked: Hooked) -> None:
@@ -350,10 +344,11 @@ def test_a_queue_longer_than_the_threads_can_hold_is_refused() -> None:
         batching.options({"max_batch_size": 4, "max_queue": 5000}, frozenset(), None, 1)
 
 
-def test_in_process_the_wsgi_app_batches_concurrent_requests(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_in_process_the_wsgi_app_batches_concurrent_requests(
+    monkeypatch: pytest.MonkeyPatch, only_plugin: Callable[[Any], Any]
+) -> None:
     """testing.client with INFERENCE_SERVER_MAX_BATCH_SIZE: concurrent requests from threads share calls, each with
     its own answer (a batched model tested without a server)."""
-    monkeypatch.setenv("INFERENCE_SERVER_PLUGINS", "")
     monkeypatch.setenv("INFERENCE_SERVER_MAX_BATCH_SIZE", "8")
     seen: list[int] = []
 
@@ -364,20 +359,16 @@ def test_in_process_the_wsgi_app_batches_concurrent_requests(monkeypatch: pytest
             time.sleep(0.01)
             return data + 0.5
 
-    plugin = Model()
-    testing.plugin_manager().register(plugin)
-    try:
-        client = testing.client()
+    only_plugin(Model())
+    client = testing.client()
 
-        def send(i: int) -> None:
-            body = _npy(np.full((1, 3), i, dtype="f8"))
-            reply = client.post("/invocations", data=body, content_type="application/x-npy")
-            assert reply.status_code == 200, reply.data
-            np.testing.assert_array_equal(np.load(io.BytesIO(reply.data)), [[i + 0.5] * 3])
+    def send(i: int) -> None:
+        body = _npy(np.full((1, 3), i, dtype="f8"))
+        reply = client.post("/invocations", data=body, content_type="application/x-npy")
+        assert reply.status_code == 200, reply.data
+        np.testing.assert_array_equal(np.load(io.BytesIO(reply.data)), [[i + 0.5] * 3])
 
-        _at_once(48, send)
-    finally:
-        testing.plugin_manager().unregister(plugin)
+    _at_once(48, send)
     assert sum(seen) == 48
     assert len(seen) < 48
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,15 +32,10 @@ class Doubling:
 
 
 @pytest.fixture
-def doubling(monkeypatch: pytest.MonkeyPatch) -> Iterator[Doubling]:
+def doubling(only_plugin: Callable[[Any], Any]) -> Doubling:
     """Only the defaults and the doubling plugin, for this test."""
-    monkeypatch.setenv("INFERENCE_SERVER_PLUGINS", "")
-    plugin = Doubling()
-    testing.plugin_manager().register(plugin)
-    try:
-        yield plugin
-    finally:
-        testing.plugin_manager().unregister(plugin)
+    plugin: Doubling = only_plugin(Doubling())
+    return plugin
 
 
 def test_predict_is_one_invocation_without_http(doubling: Doubling, tmp_path: Path) -> None:
