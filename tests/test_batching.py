@@ -161,40 +161,40 @@ def test_inputs_of_other_shapes_or_dtypes_are_grouped_apart(start: Callable[...,
 
 
 def test_a_bad_input_fails_alone_while_its_group_succeeds(start: Callable[..., Server], calls: Calls) -> None:
-    """One of 16 concurrent inputs makes predict_fn raise: its group is run again one by one, so only that request
-    gets the 500 (naming predict_fn) and the 15 others their own answers."""
+    """16 inputs queued behind a busy model go as one group; one of them makes predict_fn raise, so the group is
+    run again one by one: only that request gets the 500 (naming predict_fn), the 15 others their own answers."""
     server = start("--max-batch-size", "16")
-
-    def send(i: int) -> Reply:
-        return _post(server, np.array([[-1.0 if i == 7 else i, 0.0]], dtype="f4"))
-
-    replies = _at_once(16, send)
+    with concurrent.futures.ThreadPoolExecutor(17) as pool:
+        busy = pool.submit(_post, server, np.array([[1, 99]], dtype="f4"))  # holds the model for 2.5 s
+        time.sleep(0.5)
+        futures = [pool.submit(_post, server, np.array([[-1.0 if i == 7 else i, 0.0]], dtype="f4")) for i in range(16)]
+        replies = [future.result() for future in futures]
+        assert busy.result().status == 200
     assert [reply.status for reply in replies].count(500) == 1
     assert replies[7].status == 500
     assert "predict_fn raised ValueError" in replies[7].json()["message"]
     for i, reply in enumerate(replies):
         if i != 7:
             np.testing.assert_array_equal(np.load(io.BytesIO(reply.body)), [[2.0 * i + 1, 1.0]])
-    rows = calls.rows()
-    assert max(rows) > 1  # a group formed, failed, and was run again input by input
-    assert rows.count(1) >= max(rows)
+    assert calls.rows() == [1, 16] + [1] * 16  # the busy call, the group that failed, each input again alone
 
 
 def test_a_mis_sized_prediction_fails_its_whole_group_with_a_message(
     start: Callable[..., Server], calls: Calls
 ) -> None:
-    """predict_fn returning one row fewer than the group's rows: every request of such a group gets a 500 saying
-    so, never another request's rows."""
+    """predict_fn returning one row fewer than its group's rows (8 requests queued behind a busy model): every
+    request of the group gets a 500 saying so, never another request's rows; a request alone is answered."""
     server = start("--max-batch-size", "8", MIS_SIZE="1")
-    replies = _at_once(8, lambda i: _post(server, np.full((1, 2), i, dtype="f4")))
-    failed = [reply for reply in replies if reply.status == 500]
-    assert failed, [reply.status for reply in replies]
-    for reply in failed:
-        assert "rows for a batch of" in reply.json()["message"]
+    with concurrent.futures.ThreadPoolExecutor(9) as pool:
+        busy = pool.submit(_post, server, np.array([[1, 99]], dtype="f4"))
+        time.sleep(0.5)
+        replies = list(pool.map(lambda i: _post(server, np.full((1, 2), i, dtype="f4")), range(8)))
+        assert busy.result().status == 200
+    assert [reply.status for reply in replies] == [500] * 8
+    for reply in replies:
+        assert "rows for a batch of 8 rows from 8 requests" in reply.json()["message"]
         assert "one row per input row" in reply.json()["message"]
-    for i, reply in enumerate(replies):
-        if reply.status == 200:  # ran alone: unbatched, as the model answers
-            np.testing.assert_array_equal(np.load(io.BytesIO(reply.body)), [[2.0 * i + 1] * 2])
+    assert calls.rows() == [1, 8]
 
 
 def test_beyond_the_queue_requests_get_503_with_retry_after_and_ping_stays_200(
