@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -32,6 +33,9 @@ import numpy as np
 BENTOML_VENV = h.ROOT / "benchmarks" / ".venv-bentoml"
 BENTOML = "bentoml==1.4.40"
 MAX_BATCH = 32
+#: Seconds to wait after each case: when wrk stops, up to 128 requests per worker may still be queued (0.7 s of work
+#: with batching off), which would otherwise be the next case's first latencies.
+SETTLE = 2.0
 
 #: The cost of one call, shared by every contender's model.
 COST = """
@@ -120,11 +124,16 @@ def _seconds(text: str) -> float:
 
 
 def wrk(url: str, lua: str, connections: int, seconds: int) -> tuple[float, float, float]:
-    """Requests/s, p50 and p99 in ms, from ``wrk --latency``; error answers fail the run."""
+    """Requests/s, p50 and p99 in ms, from ``wrk --latency``; error answers fail the run.
+
+    wrk's timeout is 30 s, not its 2 s: an overloaded contender (batching off at 128 clients) answers late, which
+    its latency shows, rather than failing.
+    """
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:
         script.write(lua)
     threads = min(2, connections)
-    command = ["wrk", f"-t{threads}", f"-c{connections}", f"-d{seconds}s", "--latency", "-s", script.name, url]
+    command = ["wrk", f"-t{threads}", f"-c{connections}", f"-d{seconds}s", "--timeout", "30s", "--latency"]
+    command += ["-s", script.name, url]
     output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
     if "Non-2xx" in output or "Socket errors" in output:
         raise RuntimeError(f"{url}: errors under load:\n{output}")
@@ -191,6 +200,7 @@ def main() -> None:
                         for clients in levels[turn % 4 :] + levels[: turn % 4]:
                             calls.write_text("")
                             rate, p50, p99 = wrk(url, lua, clients, seconds)
+                            time.sleep(SETTLE)
                             rows = [int(line) for line in calls.read_text().split()]
                             batch = sum(rows) / len(rows) if rows else 0.0
                             results.setdefault((variant, workers, clients, name), []).append((rate, p50, p99, batch))
