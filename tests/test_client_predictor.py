@@ -217,3 +217,43 @@ def test_sagemaker_sdk_predictor_with_ours(local_aws: str) -> None:
     result = predictor.predict(np.array([[1.0, 3.0]]))
     assert type(result) is dict
     assert result["scores"].tolist() == [4.0]
+
+
+@pytest.fixture
+def echo_aws(monkeypatch: pytest.MonkeyPatch, servers: Any) -> str:
+    """A server with the built-in hooks only (an echo), and the local AWS variables pointing at it."""
+    url = f"http://127.0.0.1:{servers.start(plugins=[]).port}"
+    for name, value in {
+        "AWS_ENDPOINT_URL_SAGEMAKER_RUNTIME": url,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_EC2_METADATA_DISABLED": "true",
+        "AWS_CONFIG_FILE": "/nonexistent",
+        "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent",
+    }.items():
+        monkeypatch.setenv(name, value)
+    return url
+
+
+def test_sagemaker_sdk_predictor_sends_text_mode_files_and_strings(echo_aws: str, tmp_path: Any) -> None:
+    """Our CSVSerializer in the SDK's Predictor with open(path) in text mode, io.StringIO and rows of strings."""
+    import io
+
+    path = tmp_path / "rows.csv"
+    path.write_text("1,2\n3,4")
+    predictor = sagemaker.Predictor(
+        "my-endpoint", serializer=client.CSVSerializer(), deserializer=client.CSVDeserializer()
+    )
+    with open(path) as rows:
+        assert predictor.predict(rows) == [["1.0", "2.0"], ["3.0", "4.0"]]
+    assert predictor.predict(io.StringIO("5,6")) == [["5.0", "6.0"]]
+    assert predictor.predict(["1,2", "3,4"]) == [["1.0", "2.0"], ["3.0", "4.0"]]
+
+
+def test_our_predictor_sends_str_bodies_as_utf8(echo_aws: str) -> None:
+    """Serializers returning str (JSON, CSV) reach the server as UTF-8, not http.client's Latin-1."""
+    with client.Predictor(echo_aws, client.JSONSerializer(), client.JSONDeserializer()) as predictor:
+        assert predictor.predict({"name": "Fair Isle ✓"}) == {"name": "Fair Isle ✓"}
+    with client.Predictor(echo_aws, client.CSVSerializer(), client.CSVDeserializer()) as predictor:
+        assert predictor.predict(["1,2", "3,4"]) == [["1.0", "2.0"], ["3.0", "4.0"]]

@@ -1,4 +1,4 @@
-"""Every client serializer and deserializer, with the SageMaker SDK's interface and media-type matching."""
+"""The client serializers and deserializers beyond what the SDK v2 has (the parity with it: test_client_sdk_parity)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ import io
 from typing import Any
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pytest
 
@@ -39,15 +38,6 @@ def test_serializers_declare_their_content_type(serializer: Any, content_type: s
     assert content_type == serializer.CONTENT_TYPE
 
 
-def test_numpy_serializer_casts_and_writes_npy() -> None:
-    """Lists become arrays of ``dtype``; the body is .npy that np.load reads."""
-    body = client.NumpySerializer(dtype="float32").serialize([[1, 2], [3, 4]])
-    array = np.load(io.BytesIO(body))
-    assert (array.dtype, array.tolist()) == (np.float32, [[1.0, 2.0], [3.0, 4.0]])
-    with pytest.raises(ValueError, match="empty"):
-        client.NumpySerializer().serialize([])
-
-
 def test_npz_serializer_keeps_names() -> None:
     """A dict of arrays keeps its names and order; a tuple is arr_0, arr_1."""
     body = client.NpzSerializer().serialize({"b": np.ones(2), "a": [1, 2]})
@@ -57,25 +47,6 @@ def test_npz_serializer_keeps_names() -> None:
         "arr_0",
         "arr_1",
     ]
-
-
-def test_json_serializer_handles_numpy_and_files() -> None:
-    """Arrays inside dicts become lists; a file-like object is sent as it is."""
-    assert client.JSONSerializer().serialize({"x": np.arange(3)}) == b'{"x":[0,1,2]}'
-    assert client.JSONSerializer().serialize(io.BytesIO(b'{"raw":1}')) == b'{"raw":1}'
-
-
-def test_csv_serializer_follows_the_sdk() -> None:
-    """A 1-D sequence is one row, 2-D is several rows, strings pass through."""
-    assert client.CSVSerializer().serialize([1, 2.5, 3]) == b"1,2.5,3"
-    assert client.CSVSerializer().serialize(np.array([[1, 2], [3, 4]])) == b"1,2\n3,4"
-    assert client.CSVSerializer().serialize("a,b") == b"a,b"
-
-
-def test_jsonlines_and_identity_serializers() -> None:
-    """Records go one per line; bytes go unchanged."""
-    assert client.JSONLinesSerializer().serialize([{"a": 1}, [2]]) == b'{"a":1}\n[2]\n'
-    assert client.IdentitySerializer().serialize(b"\x00raw") == b"\x00raw"
 
 
 def test_arrow_serializer_writes_a_stream() -> None:
@@ -123,7 +94,7 @@ def test_numpy_deserializer_unpacks_npz_into_a_plain_dict() -> None:
 
 
 def test_numpy_deserializer_reads_json_and_csv_with_dtype() -> None:
-    """JSON and CSV answers become arrays of ``dtype``; a one-row CSV is 1-D like the SDK's genfromtxt."""
+    """JSON and CSV answers become arrays of ``dtype`` whatever the media type's parameters."""
     deserializer = client.NumpyDeserializer(dtype="float32")
     assert deserializer.deserialize(_stream(b"[[1, 2]]"), "application/json").dtype == np.float32
     assert deserializer.deserialize(_stream(b"1,2,3"), "text/csv; charset=utf-8").tolist() == [1.0, 2.0, 3.0]
@@ -131,7 +102,7 @@ def test_numpy_deserializer_reads_json_and_csv_with_dtype() -> None:
 
 def test_numpy_deserializer_says_what_it_got() -> None:
     """An unreadable media type names the type and what the deserializer reads."""
-    with pytest.raises(ValueError, match=r"cannot decode a 'text/html' response; it reads application/x-npy"):
+    with pytest.raises(ValueError, match=r"^NumpyDeserializer cannot read content type text/html\.$"):
         client.NumpyDeserializer().deserialize(_stream(b"<html>"), "text/html")
 
 
@@ -147,29 +118,6 @@ def test_npz_deserializer_reads_npy_too() -> None:
     assert list(client.NpzDeserializer().deserialize(_stream(body), "application/x-npy")) == ["arr_0"]
 
 
-def test_text_deserializers() -> None:
-    """JSON, JSON Lines, CSV (rows of strings), str, bytes and stream deserializers."""
-    assert client.JSONDeserializer().deserialize(_stream(b'{"a": [1]}'), "application/json; charset=utf-8") == {
-        "a": [1]
-    }
-    assert client.JSONLinesDeserializer().deserialize(_stream(b"1\n2\n"), "application/jsonlines") == [1, 2]
-    assert client.CSVDeserializer().deserialize(_stream(b"a,1\nb,2\n"), "text/csv") == [["a", "1"], ["b", "2"]]
-    assert client.StringDeserializer().deserialize(_stream("ü".encode()), "text/plain") == "ü"
-    assert client.BytesDeserializer().deserialize(_stream(b"\x00"), "application/octet-stream") == b"\x00"
-    stream = _stream(b"raw")
-    assert client.StreamDeserializer().deserialize(stream, "x/y") == (stream, "x/y")
-    assert not stream.closed
-
-
-def test_pandas_deserializer() -> None:
-    """CSV and JSON answers become DataFrames."""
-    frame = client.PandasDeserializer().deserialize(_stream(b"a,b\n1,2\n"), "text/csv")
-    assert isinstance(frame, pd.DataFrame)
-    assert frame.to_dict("list") == {"a": [1], "b": [2]}
-    frame = client.PandasDeserializer().deserialize(_stream(b'{"a": {"0": 1}}'), "Application/JSON")
-    assert frame["a"].tolist() == [1]
-
-
 def test_arrow_deserializer_reads_stream_and_file() -> None:
     """Arrow answers in either IPC format become Tables."""
     table = pa.table({"x": [1, 2]})
@@ -183,36 +131,3 @@ def test_client_package_exports() -> None:
     assert set(client.__all__) == {name for name in vars(client) if not name.startswith("_")} - {"annotations"} - {
         name for name in vars(client) if type(getattr(client, name)).__name__ == "module"
     }
-
-
-SDK_NAMES = [
-    "NumpySerializer",
-    "JSONSerializer",
-    "CSVSerializer",
-    "JSONLinesSerializer",
-    "IdentitySerializer",
-    "NumpyDeserializer",
-    "JSONDeserializer",
-    "CSVDeserializer",
-    "JSONLinesDeserializer",
-    "BytesDeserializer",
-    "StringDeserializer",
-    "StreamDeserializer",
-    "PandasDeserializer",
-]
-
-
-@pytest.mark.parametrize("name", SDK_NAMES)
-def test_constructor_arguments_match_the_sdk(name: str) -> None:
-    """Each class the SageMaker SDK v2 also has takes the same constructor arguments, with the same defaults."""
-    import inspect
-
-    import sagemaker.deserializers
-    import sagemaker.serializers
-
-    sdk_module = sagemaker.serializers if name.endswith("Serializer") else sagemaker.deserializers
-
-    def arguments(cls: type) -> list[tuple[str, Any]]:
-        return [(p.name, p.default) for p in inspect.signature(cls.__init__).parameters.values()]
-
-    assert arguments(getattr(client, name)) == arguments(getattr(sdk_module, name))

@@ -127,6 +127,15 @@ def _read(response: http.client.HTTPResponse) -> memoryview | bytes:
     return view
 
 
+def _request_body(serialized: Any) -> bytes:
+    """What a serializer gave as the bytes to send: a str as UTF-8 (as boto3 sends it), a file-like read whole."""
+    if hasattr(serialized, "read"):
+        serialized = serialized.read()
+    if isinstance(serialized, str):
+        return serialized.encode("utf-8")
+    return serialized  # type: ignore[no-any-return]
+
+
 class _RuntimeTransport:
     """SageMaker Runtime's InvokeEndpoint through a boto3 ``sagemaker-runtime`` client."""
 
@@ -207,7 +216,7 @@ class Predictor:
         ):
             if value is not None:
                 args[key] = value
-        content_type, body = self._transport.invoke(self.serializer.serialize(data), args)
+        content_type, body = self._transport.invoke(_request_body(self.serializer.serialize(data)), args)
         return self.deserializer.deserialize(body, content_type)
 
     def close(self) -> None:

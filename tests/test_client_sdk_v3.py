@@ -1,0 +1,124 @@
+"""The SageMaker SDK v3 (``sagemaker.core``) against a real local server, unmodified, with its serializers and
+with ours. SDK v3 and v2 cannot share one environment (both are the ``sagemaker`` package), so v3 runs in a
+virtualenv of its own, made once per test run with this package installed next to it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import textwrap
+import venv
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import ServerFactory
+
+ROOT = Path(__file__).resolve().parents[1]
+SDK_V3 = "sagemaker-core>=2,<3"  # SDK v3's core distribution: sagemaker.core.resources, serializers, deserializers
+
+MODEL = """
+    import inference_server
+
+    @inference_server.plugin_hook
+    def predict_fn(data, model):
+        if isinstance(data, dict):
+            return {"echo": data, "keys": sorted(data)}
+        return data
+"""
+
+
+@pytest.fixture(scope="session")
+def v3_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The Python of a virtualenv with the SageMaker SDK v3 and this package."""
+    where = tmp_path_factory.mktemp("sdk-v3") / "venv"
+    venv.create(where, with_pip=True)
+    python = where / "bin" / "python"
+    done = subprocess.run(
+        [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", SDK_V3, str(ROOT)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return python
+
+
+SCRIPT = """
+    import io, json, sys
+    import numpy as np
+    from sagemaker.core.resources import Endpoint
+    from sagemaker.core.serializers import JSONSerializer as V3JSONSerializer, NumpySerializer as V3NumpySerializer
+    from sagemaker.core.deserializers import JSONDeserializer as V3JSONDeserializer
+    from sagemaker.core.deserializers import NumpyDeserializer as V3NumpyDeserializer
+    from inference_server import client
+
+    results = {}
+    plain = Endpoint(endpoint_name="my-endpoint").invoke(
+        body=b'{"location": "Fair Isle"}', content_type="application/json", accept="application/json"
+    )
+    results["plain"] = [plain.body.read().decode(), plain.content_type]
+
+    sdk = Endpoint(endpoint_name="my-endpoint", serializer=V3JSONSerializer(), deserializer=V3JSONDeserializer())
+    results["sdk"] = sdk.invoke(body={"a": 1}, content_type="application/json", accept="application/json").body
+
+    ours = Endpoint(
+        endpoint_name="my-endpoint", serializer=client.JSONSerializer(), deserializer=client.JSONDeserializer()
+    )
+    results["ours"] = ours.invoke(body={"a": 1}, content_type="application/json", accept="application/json").body
+
+    arrays = Endpoint(
+        endpoint_name="my-endpoint", serializer=client.NumpySerializer(), deserializer=client.NumpyDeserializer()
+    )
+    array = arrays.invoke(
+        body=np.arange(6.0).reshape(2, 3), content_type="application/x-npy", accept="application/x-npy"
+    )
+    results["ours_npy"] = [array.body.tolist(), str(array.body.dtype)]
+
+    # the same data through the SDK's classes and ours gives the same bytes and the same objects
+    data = {"x": np.arange(3).tolist(), "y": "text"}
+    results["same_json_text"] = V3JSONSerializer().serialize(data) == client.JSONSerializer().serialize(data)
+    matrix = np.arange(6, dtype=np.float32).reshape(2, 3)
+    results["same_npy_bytes"] = V3NumpySerializer().serialize(matrix) == client.NumpySerializer().serialize(matrix)
+    body = V3NumpySerializer().serialize(matrix)
+    theirs = V3NumpyDeserializer().deserialize(io.BytesIO(body), "application/x-npy")
+    mine = client.NumpyDeserializer().deserialize(io.BytesIO(body), "application/x-npy")
+    results["same_npy_array"] = bool(np.array_equal(theirs, mine) and theirs.dtype == mine.dtype)
+    print(json.dumps(results))
+"""
+
+
+def test_sdk_v3_endpoint_invoke_against_a_local_server(v3_python: Path, servers: ServerFactory, tmp_path: Path) -> None:
+    """sagemaker.core.resources.Endpoint(...).invoke(...) reaches a local server through
+    AWS_ENDPOINT_URL_SAGEMAKER_RUNTIME, plain, with the SDK v3's serializers and with ours."""
+    servers.plugin_site.add("echo_dicts", MODEL)
+    server = servers.start()
+    env = {
+        "AWS_ENDPOINT_URL_SAGEMAKER_RUNTIME": f"http://127.0.0.1:{server.port}",
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_EC2_METADATA_DISABLED": "true",
+        "AWS_CONFIG_FILE": "/nonexistent",
+        "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent",
+        "HOME": str(tmp_path),
+        "PATH": "/usr/bin:/bin",
+    }
+    done = subprocess.run(
+        [str(v3_python), "-c", textwrap.dedent(SCRIPT)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    results: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    assert results["plain"] == ['{"echo":{"location":"Fair Isle"},"keys":["location"]}', "application/json"]
+    assert results["sdk"] == results["ours"] == {"echo": {"a": 1}, "keys": ["a"]}
+    assert results["ours_npy"] == [[[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]], "float64"]
+    assert results["same_json_text"]
+    assert results["same_npy_bytes"]
+    assert results["same_npy_array"]
