@@ -15,7 +15,7 @@ import textwrap
 import time
 import zipfile
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,7 +40,7 @@ def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
         if name.startswith(("SAGEMAKER_", "INFERENCE_SERVER_", "AWS_ENDPOINT_URL")):
             monkeypatch.delenv(name)
     monkeypatch.setenv("INFERENCE_SERVER_PLUGINS", PLUGINS)
-    _model.forget_models()
+    _model.cache_clear()
 
 
 class PluginSite:
@@ -50,12 +50,14 @@ class PluginSite:
         self.path = path
         self.names: list[str] = []
 
-    def add(self, name: str, source: str) -> str:
-        """Write module ``name`` with ``source`` and register it in the ``inference_server`` entry-point group."""
+    def add(self, name: str, source: str, requires: Sequence[str] = ()) -> str:
+        """Write module ``name`` with ``source`` and register it in the ``inference_server`` entry-point group; its
+        distribution declares ``requires`` (``Requires-Dist`` lines)."""
         (self.path / f"{name}.py").write_text(textwrap.dedent(source))
         dist_info = self.path / f"{name}-1.0.dist-info"
         dist_info.mkdir()
-        (dist_info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
+        requirements = "".join(f"Requires-Dist: {requirement}\n" for requirement in requires)
+        (dist_info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n{requirements}")
         (dist_info / "entry_points.txt").write_text(f"[inference_server]\n{name} = {name}\n")
         self.names.append(name)
         return name

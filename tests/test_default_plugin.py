@@ -337,3 +337,34 @@ def test_nan_in_json_follows_the_configured_flavour(servers: Any, flavour: str, 
         assert "holds NaN or infinity, which strict JSON cannot represent" in reply.json()["message"]
     else:
         assert reply.body == body
+
+
+def test_passthrough_hands_the_model_bytes_and_sends_its_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """INFERENCE_SERVER_DEFAULT_HOOKS=passthrough in-process: a JSON or CSV body reaches the model as bytes and its
+    bytes go back as octet-stream, whatever Accept says."""
+    from inference_server import testing
+
+    monkeypatch.setenv("INFERENCE_SERVER_PLUGINS", "")
+    monkeypatch.setenv("INFERENCE_SERVER_DEFAULT_HOOKS", "passthrough")
+    for body, content_type in ((b'{"a": 1}', JSON), (b"1,2,3", "text/csv")):
+        response = testing.post_invocations(data=body, content_type=content_type, headers={"Accept": content_type})
+        assert (response.status_code, response.content_type, response.data) == (200, "application/octet-stream", body)
+
+
+def test_passthrough_with_a_prediction_that_is_not_bytes_is_a_500_saying_so(servers: Any, plugin_site: Any) -> None:
+    """A model that returns a dict under passthrough: 500 naming output_fn and the type, and the server goes on."""
+    plugin_site.add(
+        "dicts",
+        """
+        import inference_server
+
+        @inference_server.plugin_hook
+        def model_fn(model_dir):
+            return lambda data: {"length": len(data)}
+        """,
+    )
+    server = servers.start("--default-hooks", "passthrough")
+    reply = server.request("POST", "/invocations", b"abc", {"Content-Type": "text/csv"})
+    assert reply.status == 500
+    assert b"output_fn returned a body of type dict" in reply.body
+    assert server.request("GET", "/ping").status == 200

@@ -1,5 +1,8 @@
 """The public face of the package."""
 
+import subprocess
+import sys
+
 import inference_server
 
 
@@ -28,8 +31,24 @@ def test_mime_accept_is_werkzeugs() -> None:
     assert inference_server.MIMEAccept is werkzeug.datastructures.MIMEAccept
 
 
-def test_warmup_loads_the_model_once(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    """``warmup()`` returns the model, and calling it again reuses the same object."""
-    model = inference_server.warmup(model_dir=str(tmp_path))
-    assert model is inference_server.warmup(model_dir=str(tmp_path))
-    assert model({"location": "Fair Isle"})["wind"].startswith("Southwesterly")
+def test_warmup_loads_the_model_once(tmp_path, only_plugin) -> None:  # type: ignore[no-untyped-def]
+    """``warmup()`` calls model_fn once however often it is called, and returns None as 1.x's does."""
+    calls = []
+
+    class Counting:
+        @inference_server.plugin_hook
+        def model_fn(self, model_dir: str) -> object:
+            calls.append(model_dir)
+            return lambda data: data
+
+    only_plugin(Counting())
+    assert inference_server.warmup(model_dir=str(tmp_path)) is None
+    assert inference_server.warmup(model_dir=str(tmp_path)) is None
+    assert calls == [str(tmp_path)]
+
+
+def test_model_cache_clear_is_reachable_as_in_1x() -> None:
+    """``inference_server._model.cache_clear()`` works right after ``import inference_server``, as 1.x tests call it."""
+    code = "import inference_server; inference_server._model.cache_clear(); print('ok')"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    assert done.stdout.strip() == "ok", done.stderr

@@ -59,7 +59,7 @@ def test_missing_model_directory_is_a_warning(caplog: pytest.LogCaptureFixture, 
     pm = _plugins.build_manager([])
     assert _model.get_model(pm, str(tmp_path / "absent")) is not None
     assert "does not exist" in caplog.text
-    _model.forget_models()
+    _model.cache_clear()
     caplog.clear()
     _model.get_model(pm, str(tmp_path))
     assert "does not exist" not in caplog.text

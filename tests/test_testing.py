@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import shipping_forecast
 
+import inference_server
 from inference_server import testing
 
 
@@ -100,3 +101,43 @@ def test_an_installed_plugin_of_the_users_cannot_hijack_the_tests(
     assert testing.post_invocations(json={"location": "Fisher"}).status_code == 200
     monkeypatch.setenv("INFERENCE_SERVER_PLUGINS", "shipping_forecast,hijacker")  # as if nothing were selected
     assert testing.post_invocations(json={"location": "Fisher"}).status_code == 500
+
+
+class Constant:
+    """A plugin whose model answers one constant, counting its model_fn calls."""
+
+    def __init__(self, answer: bytes) -> None:
+        self.answer, self.loads = answer, 0
+
+    @inference_server.plugin_hook
+    def model_fn(self, model_dir: str) -> Any:
+        self.loads += 1
+        return lambda data: self.answer
+
+
+def test_an_unregistered_plugin_no_longer_serves_its_cached_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    """After pm.unregister(plugin) the next request loads the model of the plugins still registered."""
+    monkeypatch.setenv("INFERENCE_SERVER_PLUGINS", "")
+    plugin = Constant(b"from the plugin")
+    testing.plugin_manager().register(plugin)
+    try:
+        assert testing.predict(b"echo me") == b"from the plugin"
+        assert testing.predict(b"echo me") == b"from the plugin"
+        assert plugin.loads == 1
+    finally:
+        testing.plugin_manager().unregister(plugin)
+    assert testing.predict(b"echo me") == b"echo me"
+
+
+def test_reset_forgets_the_loaded_model(only_plugin: Any) -> None:
+    """testing.reset() (1.x's inference_server._model.cache_clear()) makes the next request call model_fn again."""
+    plugin = only_plugin(Constant(b"x"))
+    testing.predict(b"")
+    testing.predict(b"")
+    assert plugin.loads == 1
+    testing.reset()
+    testing.predict(b"")
+    assert plugin.loads == 2
+    inference_server._model.cache_clear()
+    testing.predict(b"")
+    assert plugin.loads == 3

@@ -31,6 +31,8 @@ _LAZY = {
 
 
 def __getattr__(name: str) -> object:
+    if name == "_model":  # 1.x's tests call inference_server._model.cache_clear() without importing it
+        return importlib.import_module("inference_server._model")
     if name not in _LAZY:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     value = getattr(importlib.import_module(_LAZY[name]), name)

@@ -449,6 +449,6 @@ def create_app(*, model_dir: str | None = None) -> App:
     return App(Settings.from_env(model_dir=model_dir), _plugins.manager())
 
 
-def warmup(*, model_dir: str | None = None) -> Any:
-    """Load the model now (once per process) instead of on the first request; return it."""
-    return create_app(model_dir=model_dir).model()
+def warmup(*, model_dir: str | None = None) -> None:
+    """Load the model now (once per process) instead of on the first request; returns None, as in 1.x."""
+    create_app(model_dir=model_dir).model()

@@ -20,6 +20,8 @@ class _Slot:
 
     def __init__(self, pm: pluggy.PluginManager) -> None:
         self.pm = pm  # held so that the id in the key is not reused while the slot lives
+        #: The manager's plugin set when the slot was made: registering or unregistering a plugin makes it stale.
+        self.generation = _generation(pm)
         self.lock = threading.Lock()
         self.loaded = False
         self.model: Any = None
@@ -33,14 +35,18 @@ _slots_lock = threading.Lock()
 def get_model(pm: pluggy.PluginManager, model_dir: str) -> Any:
     """Return the model of these plugins for ``model_dir``, calling ``model_fn`` the first time only.
 
-    A ``model_fn`` that raised is not retried: every later call raises :class:`ModelLoadError`.
+    A ``model_fn`` that raised is not retried: every later call raises :class:`ModelLoadError`. Registering or
+    unregistering a plugin of ``pm`` forgets its model, so a plugin a test unregistered no longer serves its model.
     """
     key = (id(pm), model_dir)
     slot = _slots.get(key)
-    if slot is not None and slot.loaded:  # the hot path takes no lock
+    generation = _generation(pm)
+    if slot is not None and slot.loaded and slot.generation == generation:  # the hot path takes no lock
         return slot.model
     with _slots_lock:
-        slot = _slots.get(key) or _slots.setdefault(key, _Slot(pm))
+        slot = _slots.get(key)
+        if slot is None or slot.generation != generation:
+            slot = _slots[key] = _Slot(pm)
     with slot.lock:
         if not slot.loaded and slot.error is None:
             _load(pm, model_dir, slot)
@@ -73,7 +79,15 @@ def _load(pm: pluggy.PluginManager, model_dir: str, slot: _Slot) -> None:
     logger.info("Loaded the model: %s", type(slot.model).__name__)
 
 
-def forget_models() -> None:
-    """Drop every loaded model (for tests that load a model more than once in one process)."""
+def _generation(pm: pluggy.PluginManager) -> int:
+    return getattr(pm, "generation", 0)
+
+
+def cache_clear() -> None:
+    """Drop every loaded model, so that the next request calls ``model_fn`` again.
+
+    Named as inference-server 1.x's ``inference_server._model.cache_clear()``, which tests written for 1.x call;
+    :func:`inference_server.testing.reset` is the public name.
+    """
     with _slots_lock:
         _slots.clear()

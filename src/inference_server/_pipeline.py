@@ -74,7 +74,10 @@ class Pipeline:
         #: The largest body accepted, in bytes (``None``: no limit, as for Batch Transform's chunked mode).
         self.max_body: int | None = mb * _MB if mb else None
         self._defaults = default_plugin.Defaults(
-            codecs.Limits.for_payload(mb), settings.default_accept, settings.json_nan
+            codecs.Limits.for_payload(mb),
+            settings.default_accept,
+            settings.json_nan,
+            passthrough=settings.default_hooks == "passthrough",
         )
         self._input_fn = _plugins.first_result_caller(pm, "input_fn")
         self._predict_fn = _plugins.first_result_caller(pm, "predict_fn")

@@ -11,6 +11,7 @@ import functools
 import importlib.metadata
 import logging
 import os
+import re
 import threading
 from collections.abc import Callable, Collection, Iterable
 from typing import Any
@@ -52,6 +53,20 @@ class PluginManager(pluggy.PluginManager):
         self.add_hookspecs(HookSpecs)
         #: Installed plugins (entry points) by registered name.
         self.sources: dict[str, Source] = {}
+        #: Counts changes to the set of plugins: a loaded model belongs to one generation (see ``_model``).
+        self.generation = 0
+
+    def register(self, plugin: object, name: str | None = None) -> str | None:
+        """Register ``plugin`` (pluggy's method); models loaded before are forgotten."""
+        registered = super().register(plugin, name)
+        self.generation += 1
+        return registered
+
+    def unregister(self, plugin: object | None = None, name: str | None = None) -> Any:
+        """Unregister ``plugin`` (pluggy's method); the model it loaded is no longer served."""
+        unregistered = super().unregister(plugin, name)
+        self.generation += 1
+        return unregistered
 
 
 def build_manager(names: Collection[str] | None = None, plugins: Iterable[object] = ()) -> PluginManager:
@@ -140,6 +155,25 @@ def describe(pm: pluggy.PluginManager) -> list[str]:
     for hook in HOOK_NAMES:
         lines.append(f"hook {hook}: {', then '.join(_label(pm, name) for name in _providers(pm, hook))}")
     return lines
+
+
+#: A requirement on inference-server that 2.x does not meet: ``<2``, ``<2.0``, ``<=1.x``, ``==1.x``, ``~=1.x``.
+_FOR_1X = re.compile(r"^inference[-_.]server\b[^;]*(<\s*2(\.0)*\s*(,|$|;)|<=\s*1\.|==\s*1\.|~=\s*1\.)", re.IGNORECASE)
+
+
+def written_for_1x(pm: pluggy.PluginManager) -> list[str]:
+    """The installed plugins whose distribution requires inference-server 1.x (``inference-server<2`` and the like):
+    written for 1.x's pass-through input_fn and output_fn."""
+    sources: dict[str, Source] = getattr(pm, "sources", {})
+    found = []
+    for name, source in sources.items():
+        try:
+            requirements = importlib.metadata.requires(source.distribution) or []
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        if any(_FOR_1X.match(requirement.strip()) for requirement in requirements):
+            found.append(name)
+    return found
 
 
 def problems(pm: pluggy.PluginManager) -> list[str]:

@@ -82,6 +82,17 @@ def _json_nan(text: str) -> str:
     return word
 
 
+DEFAULT_HOOKS = ("codecs", "passthrough")
+DEFAULT_HOOKS_ENV = "INFERENCE_SERVER_DEFAULT_HOOKS"
+
+
+def _default_hooks(text: str) -> str:
+    word = text.strip().lower()
+    if word not in DEFAULT_HOOKS:
+        raise ValueError(f"must be one of {', '.join(DEFAULT_HOOKS)}")
+    return word
+
+
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
@@ -255,6 +266,16 @@ class Settings:
         "NaN and infinity in JSON answers: null (strict JSON), literal (NaN, Infinity: what Python's json and "
         "pandas read, not strict JSON) or error (a 500 saying so)",
         choices=JSON_NAN,
+    )
+    #: What the built-in input_fn and output_fn do: decode and encode by media type, or pass bytes as 1.x did.
+    default_hooks: str = _variable(
+        "codecs",
+        DEFAULT_HOOKS_ENV,
+        _default_hooks,
+        "what the built-in input_fn and output_fn do when no plugin implements them: codecs (decode the body by its "
+        "Content-Type and encode the prediction by Accept) or passthrough (inference-server 1.x: the body's bytes "
+        "in, the prediction's bytes out as application/octet-stream)",
+        choices=DEFAULT_HOOKS,
     )
     server: str = _variable(
         "granian",

@@ -23,6 +23,8 @@ class Defaults:
     default_accept: str | None = None
     #: How JSON answers write NaN and infinities: ``null``, ``literal`` or ``error`` (``INFERENCE_SERVER_JSON_NAN``).
     json_nan: str = "null"
+    #: ``--default-hooks passthrough``: input_fn and output_fn pass bytes through, as inference-server 1.x's did.
+    passthrough: bool = False
 
 
 #: The running invocation: its app's :class:`Defaults` and the request's media type, set by the pipeline around
@@ -31,10 +33,14 @@ current: contextvars.ContextVar[tuple[Defaults, str | None]] = contextvars.Conte
 
 
 def _invocation() -> tuple[Defaults, str | None]:
-    """The running invocation; outside one, the default limits and the environment's default type."""
+    """The running invocation; outside one, the default limits and the environment's defaults."""
     invocation = current.get(None)
     if invocation is None:
-        return Defaults(default_accept=os.environ.get("SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT") or None), None
+        defaults = Defaults(
+            default_accept=os.environ.get("SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT") or None,
+            passthrough=os.environ.get(_settings.DEFAULT_HOOKS_ENV, "").strip().lower() == "passthrough",
+        )
+        return defaults, None
     return invocation
 
 
@@ -50,10 +56,16 @@ def model_fn(model_dir: str) -> Any:
 
 @plugin_hook(trylast=True)
 def input_fn(input_data: bytes, content_type: str) -> Any:
-    """Decode the body with the codec for its media type; a type no codec knows passes through as bytes."""
+    """Decode the body with the codec for its media type; a type no codec knows passes through as bytes.
+
+    With ``--default-hooks passthrough`` the body is passed on as ``bytes`` whatever its type, as in 1.x.
+    """
+    defaults = _invocation()[0]
+    if defaults.passthrough:
+        return input_data if isinstance(input_data, bytes) else bytes(input_data)
     if codecs.lookup(content_type) is None:
         return input_data
-    return codecs.loads(input_data, content_type, _invocation()[0].limits)
+    return codecs.loads(input_data, content_type, defaults.limits)
 
 
 @plugin_hook(trylast=True)
@@ -77,11 +89,14 @@ def output_fn(prediction: Any, accept: MIMEAccept) -> tuple[Any, str]:
 
     When the client accepts anything, the request's own media type wins if it can encode the prediction (JSON in,
     JSON out), then the app's default type (``SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT``), then the prediction's natural
-    format: ndarray -> npy, dict of arrays -> npz, Arrow table -> Arrow stream, else JSON.
+    format: ndarray -> npy, dict of arrays -> npz, Arrow table -> Arrow stream, else JSON. With ``--default-hooks
+    passthrough`` the prediction is sent as it is (bytes or str) as ``application/octet-stream``, as in 1.x.
     """
     if isinstance(prediction, (bytes, bytearray, memoryview)):
         return prediction, "application/octet-stream"
     defaults, request = _invocation()
+    if defaults.passthrough:
+        return prediction, "application/octet-stream"
     codec = codecs.negotiate(accept, prediction, default=defaults.default_accept, request=request)
     if defaults.json_nan != "null" and isinstance(codec, (codecs.JSONCodec, codecs.JSONLinesCodec)):
         return codec.encode(prediction, defaults.json_nan), codec.media_type

@@ -15,7 +15,7 @@ import pluggy
 import werkzeug.test
 
 import inference_server
-from inference_server import _plugins
+from inference_server import _model, _plugins
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import WSGIApplication
@@ -30,6 +30,7 @@ __all__ = [
     "plugin_manager",
     "post_invocations",
     "predict",
+    "reset",
 ]
 
 
@@ -106,6 +107,12 @@ def _message(body: bytes) -> str:
         return str(orjson.loads(body)["message"])
     except (orjson.JSONDecodeError, KeyError, TypeError):
         return body.decode(errors="replace")
+
+
+def reset() -> None:
+    """Forget every loaded model, so that the next request calls ``model_fn`` again (1.x's
+    ``inference_server._model.cache_clear()``). Registering or unregistering a plugin does this for its manager."""
+    _model.cache_clear()
 
 
 def plugin_manager() -> pluggy.PluginManager:

@@ -22,7 +22,7 @@ import sys
 
 from inference_server import _logging, _model, _plugins
 from inference_server._app import App
-from inference_server._settings import Settings
+from inference_server._settings import DEFAULT_HOOKS_ENV, Settings
 from inference_server.errors import ConfigurationError, ModelLoadError, PluginError
 from inference_server.server import _port
 
@@ -53,8 +53,9 @@ def load_model(app: App) -> None:
         app.model()
 
 
-def _log_summary(app: App) -> None:
-    """The start-up summary at INFO (plugins, hooks, limits), and warnings for mistakes that would stay silent."""
+def _log_summary(app: App, chosen_hooks: bool = False) -> None:
+    """The start-up summary at INFO (plugins, hooks, limits), and warnings for mistakes that would stay silent
+    (``chosen_hooks``: the user chose the default hooks, so a plugin written for 1.x is not warned about)."""
     for line in _plugins.describe(app.pm):
         logger.info("%s", line)
     settings, mb = app.settings, app.execution_parameters["MaxPayloadInMB"]
@@ -70,6 +71,21 @@ def _log_summary(app: App) -> None:
         settings.threads,
         settings.server,
     )
+    if settings.default_hooks == "passthrough":
+        logger.info("default hooks: passthrough (inference-server 1.x's: the body's bytes in, bytes out)")
+    else:
+        logger.info(
+            "default hooks: codecs (the body decoded by Content-Type, the prediction encoded by Accept; 1.x passed "
+            "bytes through: --default-hooks passthrough)"
+        )
+        for name in [] if chosen_hooks else _plugins.written_for_1x(app.pm):
+            logger.warning(
+                "plugin %r requires inference-server 1.x, whose built-in input_fn and output_fn passed bytes through; "
+                "here they decode and encode by media type. If its hooks expect bytes, serve with --default-hooks "
+                "passthrough (INFERENCE_SERVER_DEFAULT_HOOKS=passthrough); to keep the codecs, say "
+                "--default-hooks codecs",
+                name,
+            )
     batching = app.batching
     if batching.enabled:
         logger.info(
@@ -108,6 +124,7 @@ def _raise_file_limit() -> None:
 def serve(settings: Settings) -> int:
     """Check the plugins and settings, then serve until SIGTERM; return the exit status (1 if the drain timed out)."""
     _logging.configure(settings.log_level_number)
+    chosen_hooks = "default_hooks" in settings.given or DEFAULT_HOOKS_ENV in os.environ
     os.environ.update(settings.environ())  # worker processes, create_app() and warmup() in user code agree
     try:
         app = App(settings, _plugins.manager())
@@ -116,7 +133,7 @@ def serve(settings: Settings) -> int:
     problem = _port.in_use(settings)
     if problem is not None:
         return _cannot_start(problem)
-    _log_summary(app)
+    _log_summary(app, chosen_hooks)
     _raise_file_limit()
     if settings.server == "granian":
         from inference_server.server import granian
