@@ -277,6 +277,23 @@ class Settings:
         "in, the prediction's bytes out as application/octet-stream)",
         choices=DEFAULT_HOOKS,
     )
+    #: A SageMaker framework container's inference script to serve (else SAGEMAKER_PROGRAM, see ``_script``).
+    script: str | None = _variable(
+        None,
+        "INFERENCE_SERVER_SCRIPT",
+        str,
+        "an inference.py written for AWS's framework containers (model_fn, input_fn, predict_fn, output_fn or "
+        "transform_fn) to serve as a plugin",
+        default_text="SAGEMAKER_PROGRAM in MODEL_DIR/code, else in SAGEMAKER_SUBMIT_DIRECTORY when local",
+    )
+    install_requirements: bool = _variable(
+        False,
+        "INFERENCE_SERVER_INSTALL_REQUIREMENTS",
+        _boolean,
+        "pip install the script's requirements.txt (beside it) before serving; a failed install stops start-up",
+        default_text="off",
+        flag=True,
+    )
     server: str = _variable(
         "granian",
         "INFERENCE_SERVER_BACKEND",

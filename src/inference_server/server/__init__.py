@@ -20,7 +20,7 @@ import os
 import resource
 import sys
 
-from inference_server import _logging, _model, _plugins
+from inference_server import _logging, _model, _plugins, _script
 from inference_server._app import App
 from inference_server._settings import DEFAULT_HOOKS_ENV, Settings
 from inference_server.errors import ConfigurationError, ModelLoadError, PluginError
@@ -127,6 +127,10 @@ def serve(settings: Settings) -> int:
     chosen_hooks = "default_hooks" in settings.given or DEFAULT_HOOKS_ENV in os.environ
     os.environ.update(settings.environ())  # worker processes, create_app() and warmup() in user code agree
     try:
+        if settings.install_requirements:
+            script = _script.find(settings)
+            if script is not None:
+                _script.install_requirements(script)
         app = App(settings, _plugins.manager())
     except (PluginError, ConfigurationError) as exc:
         return _cannot_start(str(exc))

@@ -1,0 +1,274 @@
+"""Serving an ``inference.py`` written for AWS's framework containers (the SageMaker inference toolkit's contract).
+
+The script is found as ``--script PATH``, else as ``SAGEMAKER_PROGRAM`` in ``MODEL_DIR/code``, else in
+``SAGEMAKER_SUBMIT_DIRECTORY`` when that is a local directory. Its functions become a plugin, called as the toolkit
+calls them:
+
+- ``model_fn(model_dir[, context])``, ``input_fn(input_data, content_type[, context])``,
+  ``predict_fn(data, model[, context])``, ``output_fn(prediction, accept[, context])``, or
+  ``transform_fn(model, input_data, content_type, accept[, context])`` instead of the last three (not both);
+- JSON and CSV bodies reach ``input_fn`` and ``transform_fn`` as ``str`` (UTF-8), other bodies as ``bytes``;
+  ``accept`` is the request's ``Accept``, or ``SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT`` (else ``application/json``)
+  when it is missing or ``*/*``;
+- ``output_fn`` and ``transform_fn`` return the body (bytes or str, sent as ``accept``) or ``(body, content_type)``;
+- an exception with an integer ``status_code`` (the toolkit's ``BaseInferenceToolkitError`` and its kind) answers
+  that status with its ``message``;
+- a function the script lacks is ours (the built-in hooks), except ``model_fn``, which the script must define.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import importlib.util
+import inspect
+import logging
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pluggy
+import werkzeug.exceptions
+from werkzeug.datastructures import MIMEAccept
+
+from inference_server import _plugins
+from inference_server._hookspecs import plugin_hook
+from inference_server._settings import Settings
+from inference_server.errors import PluginError
+
+logger = logging.getLogger("inference_server")
+
+#: The bodies the toolkit hands to the script as text.
+TEXT_TYPES = ("application/json", "text/csv")
+FUNCTIONS = ("model_fn", "input_fn", "predict_fn", "output_fn", "transform_fn")
+_lock = threading.Lock()
+
+
+def find(settings: Settings, environ: dict[str, str] | None = None) -> Path | None:
+    """The script to serve, if any: ``--script``, else ``SAGEMAKER_PROGRAM`` in ``MODEL_DIR/code``, else in a local
+    ``SAGEMAKER_SUBMIT_DIRECTORY``. A script named but not found is a :class:`PluginError`."""
+    env = os.environ if environ is None else environ
+    if settings.script:
+        path = Path(settings.script)
+        if not path.is_file():
+            raise PluginError(f"--script {settings.script}: no such file")
+        return path.resolve()
+    program = env.get("SAGEMAKER_PROGRAM", "").strip()
+    if not program:
+        return None
+    name = program if program.endswith(".py") else f"{program}.py"
+    places = [Path(settings.model_dir) / "code"]
+    submit = env.get("SAGEMAKER_SUBMIT_DIRECTORY", "").strip()
+    if submit and "://" not in submit:
+        places.append(Path(submit))
+    for place in places:
+        if (place / name).is_file():
+            return (place / name).resolve()
+    raise PluginError(
+        f"SAGEMAKER_PROGRAM={program}: no {name} in {' or '.join(str(place) for place in places)}"
+        + ("" if not submit or "://" not in submit else f" (SAGEMAKER_SUBMIT_DIRECTORY {submit} is not local)")
+    )
+
+
+def install_requirements(script: Path) -> None:
+    """``pip install -r requirements.txt`` beside ``script``; a failure raises :class:`PluginError` with pip's
+    last lines."""
+    requirements = script.parent / "requirements.txt"
+    if not requirements.is_file():
+        logger.info("--install-requirements: no %s; nothing to install", requirements)
+        return
+    logger.info("Installing %s", requirements)
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "-r", str(requirements)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        last = [line for line in done.stderr.splitlines() if line.strip() and not line.startswith("WARNING")][-5:]
+        raise PluginError(f"installing {requirements} failed (pip exit status {done.returncode}): {' '.join(last)}")
+
+
+class RequestProcessor:
+    """The request's properties as the toolkit's context holds them (``Content-Type`` and ``Accept``)."""
+
+    def __init__(self, properties: dict[str, str]) -> None:
+        self._properties = properties
+
+    def get_request_properties(self) -> dict[str, str]:
+        return self._properties
+
+    def get_request_property(self, key: str) -> str | None:
+        return self._properties.get(key)
+
+
+class Context:
+    """What the toolkit passes as ``context``: ``system_properties`` (``model_dir``, ``gpu_id``, ``batch_size``,
+    ``server_name``), ``model_name``, the request's properties (``request_processor``, ``get_request_header``) and
+    the response's content type (``set_response_content_type``)."""
+
+    def __init__(self, model_dir: str, properties: dict[str, str] | None = None) -> None:
+        self.system_properties: dict[str, Any] = {
+            "model_dir": model_dir,
+            "gpu_id": None,
+            "batch_size": 1,
+            "server_name": "inference-server",
+        }
+        self.model_name = "model"
+        self.manifest: dict[str, Any] = {}
+        self.request_processor = [RequestProcessor(dict(properties or {}))]
+        self.response_content_type: str | None = None
+
+    def get_request_header(self, idx: int, key: str) -> str | None:
+        return self.request_processor[idx].get_request_property(key)
+
+    def get_all_request_header(self, idx: int) -> dict[str, str]:
+        return self.request_processor[idx].get_request_properties()
+
+    def set_response_content_type(self, idx: int, value: str) -> None:
+        self.response_content_type = value
+
+    def get_response_content_type(self, idx: int) -> str | None:
+        return self.response_content_type
+
+
+#: The running request's context (set by input_fn, read by predict_fn and output_fn on the same thread).
+_request: contextvars.ContextVar[Context] = contextvars.ContextVar("inference_server_script_request")
+
+
+def _takes_context(function: Callable[..., Any], given: int) -> bool:
+    """Whether ``function`` takes one argument more than the ``given`` (the toolkit's rule: counted parameters)."""
+    count = len(inspect.signature(function).parameters)
+    if count == given + 1:
+        return True
+    if count != given:
+        raise PluginError(f"{function.__name__} takes {count} arguments; the toolkit passes {given} or {given + 1}")
+    return False
+
+
+def _status_error(exc: Exception) -> werkzeug.exceptions.HTTPException | None:
+    """A toolkit error's own status (an integer ``status_code`` from 400 to 599) as an HTTP exception."""
+    status = getattr(exc, "status_code", None)
+    if not isinstance(status, int) or not 400 <= status <= 599:
+        return None
+    error = werkzeug.exceptions.HTTPException(str(getattr(exc, "message", None) or exc))
+    error.code = status
+    return error
+
+
+class _Deferred:
+    """A body for ``transform_fn``, carried from input_fn through predict_fn to output_fn (which knows Accept)."""
+
+    def __init__(self, data: Any, content_type: str) -> None:
+        self.data, self.content_type, self.model = data, content_type, None
+
+
+class ScriptPlugin:
+    """The script's functions as inference-server hooks (only those the script defines)."""
+
+    def __init__(self, module: ModuleType, model_dir: str) -> None:
+        self.module, self.model_dir = module, model_dir
+        functions = {name: getattr(module, name) for name in FUNCTIONS if callable(getattr(module, name, None))}
+        if "transform_fn" in functions and {"input_fn", "predict_fn", "output_fn"} & set(functions):
+            raise PluginError(
+                f"{module.__file__}: transform_fn cannot be used with input_fn, predict_fn or output_fn (as in the "
+                "SageMaker inference toolkit): define transform_fn alone, or the other three"
+            )
+        if "model_fn" not in functions:
+            raise PluginError(f"{module.__file__} defines no model_fn: define model_fn(model_dir) to load the model")
+        arity = {"model_fn": 1, "input_fn": 2, "predict_fn": 2, "output_fn": 2, "transform_fn": 4}
+        self.context = {name: _takes_context(function, arity[name]) for name, function in functions.items()}
+        self.functions = functions
+        self.default_accept = os.environ.get("SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT") or "application/json"
+        self.model_fn = plugin_hook(lambda model_dir: self._model_fn(model_dir))
+        if functions.keys() & {"input_fn", "transform_fn"}:
+            self.input_fn = plugin_hook(lambda input_data, content_type: self._input_fn(input_data, content_type))
+        if functions.keys() & {"predict_fn", "transform_fn"}:
+            self.predict_fn = plugin_hook(lambda data, model: self._predict_fn(data, model))
+        if functions.keys() & {"output_fn", "transform_fn"}:
+            self.output_fn = plugin_hook(lambda prediction, accept: self._output_fn(prediction, accept))
+
+    def _call(self, name: str, *args: Any, context: Context | None = None) -> Any:
+        if self.context[name]:
+            args = (*args, context if context is not None else _request.get(None) or Context(self.model_dir))
+        try:
+            return self.functions[name](*args)
+        except Exception as exc:
+            error = _status_error(exc)
+            if error is None:
+                raise
+            raise error from exc
+
+    def _model_fn(self, model_dir: str) -> Any:
+        return self._call("model_fn", model_dir, context=Context(model_dir))
+
+    def _input_fn(self, input_data: Any, content_type: str) -> Any:
+        context = Context(self.model_dir, {"Content-Type": content_type})
+        _request.set(context)
+        bare = content_type.split(";", 1)[0].strip().lower()
+        data: Any = bytes(input_data)
+        if bare in TEXT_TYPES:
+            try:
+                data = data.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise werkzeug.exceptions.BadRequest(f"the {bare} body is not UTF-8: {exc}") from None
+        if "transform_fn" in self.functions:
+            return _Deferred(data, content_type)
+        return self._call("input_fn", data, content_type, context=context)
+
+    def _predict_fn(self, data: Any, model: Any) -> Any:
+        if isinstance(data, _Deferred):
+            data.model = model
+            return data
+        return self._call("predict_fn", data, model)
+
+    def _output_fn(self, prediction: Any, accept: MIMEAccept) -> tuple[Any, str]:
+        wanted = accept.to_header() if accept else ""
+        if not wanted or wanted == "*/*":
+            wanted = self.default_accept
+        context = _request.get(None)
+        if context is not None:
+            context.request_processor[0].get_request_properties()["Accept"] = wanted
+        if isinstance(prediction, _Deferred):
+            args = (prediction.model, prediction.data, prediction.content_type, wanted)
+            result = self._call("transform_fn", *args, context=context)
+        else:
+            result = self._call("output_fn", prediction, wanted, context=context)
+        if isinstance(result, tuple) and len(result) == 2:
+            return result[0], str(result[1])
+        chosen = context.response_content_type if context is not None else None
+        return result, chosen or wanted
+
+
+@functools.cache
+def _load(path: Path) -> ModuleType:
+    """Import the script as a module of its own (its directory first on ``sys.path``, as the toolkit has it)."""
+    if str(path.parent) not in sys.path:
+        sys.path.insert(0, str(path.parent))
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    if spec is None or spec.loader is None:
+        raise PluginError(f"{path}: cannot be imported as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(path.stem, module)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        raise PluginError(f"{path} failed to import: {type(exc).__name__}: {exc}") from exc
+    return module
+
+
+def install(pm: pluggy.PluginManager, settings: Settings) -> Path | None:
+    """Register the script ``settings`` point to as a plugin of ``pm`` (once), and return its path."""
+    path = find(settings)
+    if path is None:
+        return None
+    name = f"script:{path}"
+    with _lock:
+        if pm.get_plugin(name) is None:
+            _plugins.register(pm, ScriptPlugin(_load(path), settings.model_dir), name=name)
+    return path

@@ -1,0 +1,230 @@
+"""inference.py scripts written for AWS's framework containers, served unmodified and called with boto3."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import boto3
+import botocore.exceptions
+import joblib
+import numpy as np
+import pytest
+from sklearn.linear_model import LogisticRegression
+
+from tests.conftest import ServerFactory, free_port
+
+#: The scikit-learn container's example, as AWS writes it: a joblib model, CSV parsed by input_fn.
+SKLEARN = """
+    import json
+    import os
+    from io import StringIO
+
+    import joblib
+    import numpy as np
+
+
+    def model_fn(model_dir):
+        return joblib.load(os.path.join(model_dir, "model.joblib"))
+
+
+    def input_fn(request_body, request_content_type):
+        if request_content_type == "text/csv":
+            assert isinstance(request_body, str), type(request_body)
+            return np.loadtxt(StringIO(request_body), delimiter=",", ndmin=2)
+        if request_content_type == "application/json":
+            return np.array(json.loads(request_body)["instances"])
+        raise ValueError("unsupported content type " + request_content_type)
+
+
+    def predict_fn(input_data, model):
+        return model.predict_proba(input_data)
+
+
+    def output_fn(prediction, content_type):
+        return json.dumps({"probabilities": prediction.round(6).tolist(), "accept": content_type})
+"""
+
+#: PyTorch-container style: every function takes the context; output_fn returns (body, content_type).
+WITH_CONTEXT = """
+    import json
+
+
+    class UnprocessableEntity(Exception):
+        # the toolkit's error classes carry status_code, message and phrase
+        def __init__(self, message):
+            self.status_code, self.message, self.phrase = 422, message, message
+            super().__init__(message)
+
+
+    def model_fn(model_dir, context):
+        return {"dir": context.system_properties["model_dir"], "scale": 10}
+
+
+    def input_fn(input_data, content_type, context):
+        data = json.loads(input_data)
+        if "values" not in data:
+            raise UnprocessableEntity("the body must have 'values'")
+        return data["values"], context.get_request_header(0, "Content-Type")
+
+
+    def predict_fn(data, model, context):
+        values, content_type = data
+        return {"scaled": [v * model["scale"] for v in values], "seen_type": content_type, "dir": model["dir"]}
+
+
+    def output_fn(prediction, accept, context):
+        return json.dumps(prediction), "application/vnd.example+json"
+"""
+
+TRANSFORM = """
+    def model_fn(model_dir):
+        return str.upper
+
+
+    def transform_fn(model, request_body, content_type, accept):
+        kind = type(request_body).__name__
+        return f"{model(request_body if isinstance(request_body, str) else request_body.decode())} ({kind})", accept
+"""
+
+
+def _model_dir(tmp_path: Path, script: str, name: str = "inference.py") -> Path:
+    """A model directory with ``script`` as code/``name`` and a trained logistic regression as model.joblib."""
+    model_dir = tmp_path / "model"
+    (model_dir / "code").mkdir(parents=True)
+    (model_dir / "code" / name).write_text(textwrap.dedent(script))
+    features = np.array([[0.0, 0.0], [0.1, 0.2], [5.0, 5.0], [5.2, 4.9]])
+    joblib.dump(LogisticRegression().fit(features, [0, 0, 1, 1]), model_dir / "model.joblib")
+    return model_dir
+
+
+def _runtime(port: int) -> Any:
+    """A boto3 SageMaker Runtime client for the local server."""
+    return boto3.client(
+        "sagemaker-runtime",
+        endpoint_url=f"http://127.0.0.1:{port}",
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    )
+
+
+def _invoke(port: int, body: bytes, content_type: str, accept: str | None = None) -> tuple[str, bytes]:
+    args = {"Accept": accept} if accept else {}
+    response = _runtime(port).invoke_endpoint(EndpointName="toolkit", Body=body, ContentType=content_type, **args)
+    return response["ContentType"], response["Body"].read()
+
+
+def test_a_scikit_learn_script_with_a_joblib_model(servers: ServerFactory, tmp_path: Path) -> None:
+    """SAGEMAKER_PROGRAM in MODEL_DIR/code: CSV and JSON reach input_fn as text, output_fn's str goes out as
+    Accept (application/json when the client accepts anything)."""
+    model_dir = _model_dir(tmp_path, SKLEARN)
+    server = servers.start("--model-dir", str(model_dir), plugins=[], env={"SAGEMAKER_PROGRAM": "inference.py"})
+    content_type, body = _invoke(server.port, b"0,0.1\n5,5", "text/csv")
+    answer = json.loads(body)
+    assert content_type == "application/json"
+    assert answer["accept"] == "application/json"
+    probabilities = np.array(answer["probabilities"])
+    assert probabilities.shape == (2, 2)
+    assert probabilities[0, 0] > 0.5
+    assert probabilities[1, 1] > 0.5
+    content_type, body = _invoke(server.port, b'{"instances": [[5, 5]]}', "application/json", "text/plain")
+    assert (content_type, json.loads(body)["accept"]) == ("text/plain", "text/plain")
+    assert "script:" in server.output()
+
+
+def test_a_script_that_takes_the_context(servers: ServerFactory, tmp_path: Path) -> None:
+    """Functions with a context argument get one (system_properties, request headers); (body, type) is kept."""
+    model_dir = _model_dir(tmp_path, WITH_CONTEXT)
+    server = servers.start("--model-dir", str(model_dir), plugins=[], env={"SAGEMAKER_PROGRAM": "inference"})
+    content_type, body = _invoke(server.port, b'{"values": [1, 2.5]}', "application/json")
+    assert content_type == "application/vnd.example+json"
+    assert json.loads(body) == {"scaled": [10, 25.0], "seen_type": "application/json", "dir": str(model_dir)}
+
+
+def test_a_toolkit_error_answers_its_own_status(servers: ServerFactory, tmp_path: Path) -> None:
+    """An exception with status_code (the toolkit's error classes) is answered with that status and message."""
+    model_dir = _model_dir(tmp_path, WITH_CONTEXT)
+    server = servers.start("--model-dir", str(model_dir), plugins=[], env={"SAGEMAKER_PROGRAM": "inference.py"})
+    reply = server.request("POST", "/invocations", b"{}", {"Content-Type": "application/json"})
+    assert (reply.status, reply.json()["message"]) == (422, "the body must have 'values'")
+    with pytest.raises(botocore.exceptions.ClientError, match="422"):
+        _invoke(server.port, b"{}", "application/json")
+    assert server.request("GET", "/ping").status == 200
+
+
+def test_a_transform_fn_script_found_by_script_option(servers: ServerFactory, tmp_path: Path) -> None:
+    """--script PATH with transform_fn: JSON arrives as str, other bodies as bytes; the answer goes out as Accept."""
+    script = tmp_path / "elsewhere" / "serve_me.py"
+    script.parent.mkdir()
+    script.write_text(textwrap.dedent(TRANSFORM))
+    server = servers.start("--script", str(script), plugins=[])
+    assert _invoke(server.port, b'"fair isle"', "application/json", "text/plain") == (
+        "text/plain",
+        b'"FAIR ISLE" (str)',
+    )
+    answer = _invoke(server.port, b"viking", "application/octet-stream", "text/plain")
+    assert answer == ("text/plain", b"VIKING (bytes)")
+
+
+def test_the_submit_directory_is_searched_when_local(servers: ServerFactory, tmp_path: Path) -> None:
+    """SAGEMAKER_PROGRAM not in MODEL_DIR/code is looked for in a local SAGEMAKER_SUBMIT_DIRECTORY."""
+    submit = tmp_path / "submit"
+    submit.mkdir()
+    (submit / "entry.py").write_text(textwrap.dedent(TRANSFORM))
+    env = {"SAGEMAKER_PROGRAM": "entry.py", "SAGEMAKER_SUBMIT_DIRECTORY": str(submit)}
+    server = servers.start("--model-dir", str(tmp_path / "empty"), plugins=[], env=env)
+    assert _invoke(server.port, b"x", "text/plain", "text/plain") == ("text/plain", b"X (bytes)")
+
+
+def _serve_fails(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> str:
+    """Run serve expecting it to refuse to start; return its stderr."""
+    done = subprocess.run(
+        [sys.executable, "-m", "inference_server", "serve", "--host", "127.0.0.1", "--port", str(free_port()), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "INFERENCE_SERVER_PLUGINS": "", **(env or {})},
+        check=False,
+    )
+    assert done.returncode == 1, done.stderr
+    return done.stderr
+
+
+@pytest.mark.parametrize(
+    ("script", "message"),
+    [
+        (textwrap.dedent(TRANSFORM) + "\ndef input_fn(data, content_type):\n    return data\n", "cannot be used with"),
+        ("def predict_fn(data, model):\n    return data\n", "defines no model_fn"),
+        ("def model_fn(model_dir, context, extra):\n    return 1\n", "model_fn takes 3 arguments"),
+        ("import no_such_module_here\n", "failed to import: ModuleNotFoundError"),
+    ],
+)
+def test_a_script_that_cannot_be_served_stops_start_up(tmp_path: Path, script: str, message: str) -> None:
+    """A script breaking the toolkit's contract stops serve with one line saying what is wrong."""
+    path = tmp_path / "inference.py"
+    path.write_text(textwrap.dedent(script))
+    assert message in _serve_fails(tmp_path, "--script", str(path))
+
+
+def test_a_missing_program_is_named(tmp_path: Path) -> None:
+    """SAGEMAKER_PROGRAM naming a file that is nowhere stops start-up, saying where it looked."""
+    stderr = _serve_fails(tmp_path, "--model-dir", str(tmp_path), env={"SAGEMAKER_PROGRAM": "absent.py"})
+    assert f"no absent.py in {tmp_path}/code" in stderr
+
+
+def test_requirements_are_installed_only_when_asked(tmp_path: Path, servers: ServerFactory) -> None:
+    """--install-requirements runs pip on code/requirements.txt: a failure stops start-up with pip's reason;
+    without the option the file is left alone."""
+    model_dir = _model_dir(tmp_path, TRANSFORM)
+    (model_dir / "code" / "requirements.txt").write_text("inference-server-no-such-package-anywhere==0.0.1\n")
+    env = {"SAGEMAKER_PROGRAM": "inference.py"}
+    stderr = _serve_fails(tmp_path, "--model-dir", str(model_dir), "--install-requirements", env=env)
+    assert "requirements.txt failed (pip exit status 1)" in stderr
+    assert "inference-server-no-such-package-anywhere" in stderr
+    server = servers.start("--model-dir", str(model_dir), plugins=[], env=env)
+    assert server.request("GET", "/ping").status == 200
