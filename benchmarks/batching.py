@@ -8,7 +8,7 @@ batch (rows per model call, from the model's own log), medians over rounds in a 
 ours to batching off and to BentoML.
 
 BentoML runs from PyPI in its own virtualenv (``benchmarks/.venv-bentoml``, made on first use).
-Run: ``.venv/bin/python benchmarks/batching.py`` (about 15 minutes; ``--quick``: one short round, fewer cases).
+Run: ``.venv/bin/python benchmarks/batching.py`` (about 12 minutes; ``--quick``: one short round, fewer cases).
 """
 
 from __future__ import annotations
