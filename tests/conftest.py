@@ -93,6 +93,37 @@ def plugin_site(tmp_path: Path) -> PluginSite:
     return PluginSite(path)
 
 
+def local_aws_env(url: str) -> dict[str, str]:
+    """Dummy credentials, no AWS configuration files, and SageMaker Runtime at ``url``: boto3 and the SageMaker SDKs
+    talk to the local server and nothing else."""
+    return {
+        "AWS_ENDPOINT_URL_SAGEMAKER_RUNTIME": url,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_EC2_METADATA_DISABLED": "true",
+        "AWS_CONFIG_FILE": "/nonexistent",
+        "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent",
+    }
+
+
+def pip(python: Path | str, *args: str) -> None:
+    """Run ``python -m pip *args`` quietly, failing the test with pip's last words."""
+    command = [str(python), "-m", "pip", "--disable-pip-version-check", "--quiet", *args]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=900, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def make_venv(where: Path, *requirements: str) -> Path:
+    """A virtualenv at ``where`` with ``requirements`` installed from PyPI (or paths); returns its Python."""
+    import venv
+
+    venv.create(where, with_pip=True)
+    python = where / "bin" / "python"
+    pip(python, "install", *requirements)
+    return python
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
     with socket.socket() as sock:

@@ -15,6 +15,7 @@ import sagemaker.serializers
 
 from inference_server import client
 from inference_server.errors import PredictionError
+from tests.conftest import local_aws_env
 
 MODEL = """
     import numpy as np
@@ -45,15 +46,7 @@ def server(servers: Any, plugin_site: Any) -> Any:
 def local_aws(monkeypatch: pytest.MonkeyPatch, server: Any) -> str:
     """Dummy credentials and AWS_ENDPOINT_URL_SAGEMAKER_RUNTIME pointing at the local server."""
     url = f"http://127.0.0.1:{server.port}"
-    for name, value in {
-        "AWS_ENDPOINT_URL_SAGEMAKER_RUNTIME": url,
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_EC2_METADATA_DISABLED": "true",
-        "AWS_CONFIG_FILE": "/nonexistent",
-        "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent",
-    }.items():
+    for name, value in local_aws_env(url).items():
         monkeypatch.setenv(name, value)
     return url
 
@@ -223,15 +216,7 @@ def test_sagemaker_sdk_predictor_with_ours(local_aws: str) -> None:
 def echo_aws(monkeypatch: pytest.MonkeyPatch, servers: Any) -> str:
     """A server with the built-in hooks only (an echo), and the local AWS variables pointing at it."""
     url = f"http://127.0.0.1:{servers.start(plugins=[]).port}"
-    for name, value in {
-        "AWS_ENDPOINT_URL_SAGEMAKER_RUNTIME": url,
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_EC2_METADATA_DISABLED": "true",
-        "AWS_CONFIG_FILE": "/nonexistent",
-        "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent",
-    }.items():
+    for name, value in local_aws_env(url).items():
         monkeypatch.setenv(name, value)
     return url
 

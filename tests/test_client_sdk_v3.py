@@ -7,13 +7,12 @@ from __future__ import annotations
 import json
 import subprocess
 import textwrap
-import venv
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import ServerFactory
+from tests.conftest import ServerFactory, local_aws_env, make_venv
 
 ROOT = Path(__file__).resolve().parents[1]
 SDK_V3 = "sagemaker-core>=2,<3"  # SDK v3's core distribution: sagemaker.core.resources, serializers, deserializers
@@ -32,18 +31,7 @@ MODEL = """
 @pytest.fixture(scope="session")
 def v3_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The Python of a virtualenv with the SageMaker SDK v3 and this package."""
-    where = tmp_path_factory.mktemp("sdk-v3") / "venv"
-    venv.create(where, with_pip=True)
-    python = where / "bin" / "python"
-    done = subprocess.run(
-        [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", SDK_V3, str(ROOT)],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return python
+    return make_venv(tmp_path_factory.mktemp("sdk-v3") / "venv", SDK_V3, str(ROOT))
 
 
 SCRIPT = """
@@ -95,17 +83,7 @@ def test_sdk_v3_endpoint_invoke_against_a_local_server(v3_python: Path, servers:
     AWS_ENDPOINT_URL_SAGEMAKER_RUNTIME, plain, with the SDK v3's serializers and with ours."""
     servers.plugin_site.add("echo_dicts", MODEL)
     server = servers.start()
-    env = {
-        "AWS_ENDPOINT_URL_SAGEMAKER_RUNTIME": f"http://127.0.0.1:{server.port}",
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_EC2_METADATA_DISABLED": "true",
-        "AWS_CONFIG_FILE": "/nonexistent",
-        "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent",
-        "HOME": str(tmp_path),
-        "PATH": "/usr/bin:/bin",
-    }
+    env = {**local_aws_env(f"http://127.0.0.1:{server.port}"), "HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
     done = subprocess.run(
         [str(v3_python), "-c", textwrap.dedent(SCRIPT)],
         capture_output=True,

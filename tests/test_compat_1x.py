@@ -8,34 +8,21 @@ import subprocess
 import sys
 import tarfile
 import textwrap
-import venv
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import ServerFactory
+from tests.conftest import ServerFactory, make_venv, pip
 
 LEGACY = "inference-server==1.3.3"
-
-
-def _pip(python: Path | str, *args: str, cwd: Path | None = None) -> None:
-    done = subprocess.run(
-        [str(python), "-m", "pip", "--disable-pip-version-check", "--quiet", *args],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=cwd,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
 
 
 @pytest.fixture(scope="session")
 def legacy_tests(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """1.3.3's test suite, from its sdist on PyPI (downloaded now, never stored in this repository)."""
     where = tmp_path_factory.mktemp("sdist")
-    _pip(sys.executable, "download", "--no-deps", "--no-binary", ":all:", LEGACY, "-d", str(where))
+    pip(sys.executable, "download", "--no-deps", "--no-binary", ":all:", LEGACY, "-d", str(where))
     (sdist,) = where.glob("inference_server-1.3.3.tar.gz")
     with tarfile.open(sdist) as archive:
         archive.extractall(where, filter="data")
@@ -47,11 +34,8 @@ def legacy_tests(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def legacy_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The Python of a virtualenv with inference-server 1.3.3 installed from PyPI."""
-    where = tmp_path_factory.mktemp("legacy") / "venv"
-    venv.create(where, with_pip=True)
-    python = where / "bin" / "python"
-    _pip(python, "install", LEGACY, "pytest")  # 1.3.3's testing module imports pytest
-    return python
+    # 1.3.3's testing module imports pytest
+    return make_venv(tmp_path_factory.mktemp("legacy") / "venv", LEGACY, "pytest")
 
 
 def test_the_1x_test_suite_passes(legacy_tests: Path, tmp_path: Path) -> None:
