@@ -22,7 +22,7 @@ import numpy as np
 import orjson
 
 from inference_server import codecs
-from inference_server.client import _sdk
+from inference_server.client import _record, _sdk
 from inference_server.codecs import arrow, json, jsonlines, npy, npz
 from inference_server.codecs import csv as csv_codec
 
@@ -221,6 +221,18 @@ class PandasDeserializer(SimpleBaseDeserializer):
         if media_type == json.MEDIA_TYPE:
             return pd.read_json(body)
         raise ValueError(f"{type(self).__name__} cannot read content type {content_type}.")
+
+
+class RecordDeserializer(SimpleBaseDeserializer):
+    """RecordIO-protobuf as a list of records with the fields of the SDK's protobuf ``Record`` (``features``,
+    ``label``: dicts of values whose ``float32_tensor``, ``float64_tensor`` and ``int32_tensor`` have ``values``,
+    ``keys`` and ``shape`` lists), read without protobuf."""
+
+    def __init__(self, accept: str | tuple[str, ...] = "application/x-recordio-protobuf") -> None:
+        super().__init__(accept=accept)
+
+    def deserialize(self, stream: Any, content_type: str) -> list[_record.Record]:
+        return _record.read_records(bytes(read_all(stream)))
 
 
 class _CodecDeserializer(SimpleBaseDeserializer):

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from inference_server import codecs
-from inference_server.client import _sdk
+from inference_server.client import _record, _sdk
 from inference_server.codecs import arrow, npy, npz, text
 from inference_server.codecs import csv as csv_codec
 
@@ -253,6 +253,21 @@ class SparseMatrixSerializer(SimpleBaseSerializer):
         buffer = io.BytesIO()
         scipy.sparse.save_npz(buffer, data)
         return buffer.getvalue()
+
+
+class RecordSerializer(SimpleBaseSerializer):
+    """A 1-D or 2-D array (int64, float64 or float32) as RecordIO-protobuf, one record per row, in a ``BytesIO``:
+    the format of SageMaker's built-in algorithms, written without protobuf."""
+
+    def __init__(self, content_type: str = "application/x-recordio-protobuf") -> None:
+        super().__init__(content_type=content_type)
+
+    def serialize(self, data: Any) -> io.BytesIO:
+        if len(data.shape) == 1:
+            data = data.reshape(1, data.shape[0])
+        if len(data.shape) != 2:
+            raise ValueError(f"Expected a 1D or 2D array, but got a {len(data.shape)}D array instead.")
+        return io.BytesIO(_record.write_dense(data))
 
 
 class ArrowSerializer(SimpleBaseSerializer):
