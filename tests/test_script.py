@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
@@ -228,3 +229,39 @@ def test_requirements_are_installed_only_when_asked(tmp_path: Path, servers: Ser
     assert "inference-server-no-such-package-anywhere" in stderr
     server = servers.start("--model-dir", str(model_dir), plugins=[], env=env)
     assert server.request("GET", "/ping").status == 200
+
+
+MODEL_ONLY = """
+    import os
+
+    import joblib
+
+
+    def model_fn(model_dir):
+        return joblib.load(os.path.join(model_dir, "model.joblib"))
+"""
+
+
+def test_missing_functions_fall_back_to_the_scikit_learn_defaults(servers: ServerFactory, tmp_path: Path) -> None:
+    """--script-defaults sklearn: a script with only model_fn answers as the scikit-learn container's defaults do
+    (JSON and CSV as float32 arrays, model.predict, json.dumps or np.savetxt answers, 415 and 406 beyond them)."""
+    model_dir = _model_dir(tmp_path, MODEL_ONLY)
+    env = {"SAGEMAKER_PROGRAM": "inference.py"}
+    server = servers.start("--model-dir", str(model_dir), "--script-defaults", "sklearn", plugins=[], env=env)
+    assert _invoke(server.port, b"[[0, 0.1], [5, 5]]", "application/json") == ("application/json", b"[0, 1]")
+    assert _invoke(server.port, b"0,0.1\n5,5", "text/csv", "text/csv") == ("text/csv", b"0\n1\n")
+    npy_body = io.BytesIO()
+    np.save(npy_body, np.array([[5.0, 5.0]]))
+    content_type, body = _invoke(server.port, npy_body.getvalue(), "application/x-npy", "application/x-npy")
+    assert (content_type, np.load(io.BytesIO(body)).tolist()) == ("application/x-npy", [1])
+    reply = server.request("POST", "/invocations", b"x", {"Content-Type": "text/plain"})
+    assert (reply.status, "not supported by the scikit-learn defaults" in reply.json()["message"]) == (415, True)
+    headers = {"Content-Type": "application/json", "Accept": "image/png"}
+    assert server.request("POST", "/invocations", b"[[1, 1]]", headers).status == 406
+
+
+def test_missing_functions_are_ours_by_default(servers: ServerFactory, tmp_path: Path) -> None:
+    """Without --script-defaults a script with only model_fn is served by the built-in hooks (codecs, predict)."""
+    model_dir = _model_dir(tmp_path, MODEL_ONLY)
+    server = servers.start("--model-dir", str(model_dir), plugins=[], env={"SAGEMAKER_PROGRAM": "inference.py"})
+    assert _invoke(server.port, b"[[0, 0.1], [5, 5]]", "application/json") == ("application/json", b"[0,1]")

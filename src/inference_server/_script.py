@@ -13,7 +13,8 @@ calls them:
 - ``output_fn`` and ``transform_fn`` return the body (bytes or str, sent as ``accept``) or ``(body, content_type)``;
 - an exception with an integer ``status_code`` (the toolkit's ``BaseInferenceToolkitError`` and its kind) answers
   that status with its ``message``;
-- a function the script lacks is ours (the built-in hooks), except ``model_fn``, which the script must define.
+- a function the script lacks is ours (the built-in hooks), or with ``--script-defaults sklearn`` the scikit-learn
+  container's default (below); ``model_fn`` the script must define, as that container requires too.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import contextvars
 import functools
 import importlib.util
 import inspect
+import io
+import json
 import logging
 import os
 import subprocess
@@ -32,13 +35,15 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import numpy as np
 import pluggy
 import werkzeug.exceptions
 from werkzeug.datastructures import MIMEAccept
 
-from inference_server import _plugins
+from inference_server import _plugins, codecs
 from inference_server._hookspecs import plugin_hook
 from inference_server._settings import Settings
+from inference_server.codecs import npy
 from inference_server.errors import PluginError
 
 logger = logging.getLogger("inference_server")
@@ -168,10 +173,60 @@ class _Deferred:
         self.data, self.content_type, self.model = data, content_type, None
 
 
-class ScriptPlugin:
-    """The script's functions as inference-server hooks (only those the script defines)."""
+def sklearn_input_fn(input_data: str | bytes, content_type: str) -> np.ndarray:
+    """The scikit-learn container's default: JSON and CSV as float32 arrays, ``.npy`` as it is."""
+    bare = content_type.split(";", 1)[0].strip().lower()
+    text = input_data if isinstance(input_data, str) else None
+    if bare == "application/json" and text is not None:
+        return np.array(json.loads(text)).astype(np.float32)
+    if bare == "text/csv" and text is not None:
+        return np.genfromtxt(io.StringIO(text), delimiter=",").astype(np.float32)
+    if bare == npy.MEDIA_TYPE:
+        array: np.ndarray = codecs.loads(
+            input_data if isinstance(input_data, bytes) else input_data.encode(), npy.MEDIA_TYPE
+        )
+        return array
+    raise werkzeug.exceptions.UnsupportedMediaType(
+        f"Content type {content_type} is not supported by the scikit-learn defaults (JSON, CSV, NPY): implement "
+        "input_fn to deserialize it"
+    )
 
-    def __init__(self, module: ModuleType, model_dir: str) -> None:
+
+def sklearn_predict_fn(input_data: Any, model: Any) -> Any:
+    """The scikit-learn container's default: ``model.predict``."""
+    return model.predict(input_data)
+
+
+def sklearn_output_fn(prediction: Any, accept: str) -> tuple[bytes | str, str]:
+    """The scikit-learn container's default: JSON (``json.dumps`` of ``tolist()``), CSV (``np.savetxt`` with
+    ``%s``) or ``.npy``, the first of ``accept`` it can write."""
+    for wanted in (part.split(";", 1)[0].strip().lower() for part in accept.split(",")):
+        if wanted == "application/json":
+            return json.dumps(np.asarray(prediction).tolist()), wanted
+        if wanted == "text/csv":
+            out = io.StringIO()
+            np.savetxt(out, np.asarray(prediction), delimiter=",", fmt="%s")
+            return out.getvalue(), wanted
+        if wanted == npy.MEDIA_TYPE:
+            return codecs.dumps(np.asarray(prediction), npy.MEDIA_TYPE), wanted
+    raise werkzeug.exceptions.NotAcceptable(
+        f"Accept {accept} is not supported by the scikit-learn defaults (application/json, text/csv, "
+        "application/x-npy): implement output_fn to serialize the prediction"
+    )
+
+
+#: ``--script-defaults``: what stands in for the functions a script does not define.
+DEFAULTS: dict[str, dict[str, Callable[..., Any]]] = {
+    "inference-server": {},
+    "sklearn": {"input_fn": sklearn_input_fn, "predict_fn": sklearn_predict_fn, "output_fn": sklearn_output_fn},
+}
+
+
+class ScriptPlugin:
+    """The script's functions as inference-server hooks (those the script defines, and ``defaults`` for the rest
+    unless it defines transform_fn)."""
+
+    def __init__(self, module: ModuleType, model_dir: str, defaults: str = "inference-server") -> None:
         self.module, self.model_dir = module, model_dir
         functions = {name: getattr(module, name) for name in FUNCTIONS if callable(getattr(module, name, None))}
         if "transform_fn" in functions and {"input_fn", "predict_fn", "output_fn"} & set(functions):
@@ -181,6 +236,8 @@ class ScriptPlugin:
             )
         if "model_fn" not in functions:
             raise PluginError(f"{module.__file__} defines no model_fn: define model_fn(model_dir) to load the model")
+        if "transform_fn" not in functions:
+            functions = {**DEFAULTS[defaults], **functions}
         arity = {"model_fn": 1, "input_fn": 2, "predict_fn": 2, "output_fn": 2, "transform_fn": 4}
         self.context = {name: _takes_context(function, arity[name]) for name, function in functions.items()}
         self.functions = functions
@@ -270,5 +327,6 @@ def install(pm: pluggy.PluginManager, settings: Settings) -> Path | None:
     name = f"script:{path}"
     with _lock:
         if pm.get_plugin(name) is None:
-            _plugins.register(pm, ScriptPlugin(_load(path), settings.model_dir), name=name)
+            plugin = ScriptPlugin(_load(path), settings.model_dir, settings.script_defaults)
+            _plugins.register(pm, plugin, name=name)
     return path

@@ -93,6 +93,16 @@ def _default_hooks(text: str) -> str:
     return word
 
 
+SCRIPT_DEFAULTS = ("inference-server", "sklearn")
+
+
+def _script_defaults(text: str) -> str:
+    word = text.strip().lower()
+    if word not in SCRIPT_DEFAULTS:
+        raise ValueError(f"must be one of {', '.join(SCRIPT_DEFAULTS)}")
+    return word
+
+
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
@@ -285,6 +295,16 @@ class Settings:
         "an inference.py written for AWS's framework containers (model_fn, input_fn, predict_fn, output_fn or "
         "transform_fn) to serve as a plugin",
         default_text="SAGEMAKER_PROGRAM in MODEL_DIR/code, else in SAGEMAKER_SUBMIT_DIRECTORY when local",
+    )
+    #: What stands in for the functions the script does not define.
+    script_defaults: str = _variable(
+        "inference-server",
+        "INFERENCE_SERVER_SCRIPT_DEFAULTS",
+        _script_defaults,
+        "what stands in for the input_fn, predict_fn and output_fn a script does not define: inference-server (the "
+        "built-in hooks) or sklearn (the SageMaker scikit-learn container's defaults: JSON and CSV as float32 "
+        "arrays, model.predict, json.dumps or np.savetxt answers)",
+        choices=SCRIPT_DEFAULTS,
     )
     install_requirements: bool = _variable(
         False,
