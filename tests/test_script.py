@@ -265,3 +265,53 @@ def test_missing_functions_are_ours_by_default(servers: ServerFactory, tmp_path:
     model_dir = _model_dir(tmp_path, MODEL_ONLY)
     server = servers.start("--model-dir", str(model_dir), plugins=[], env={"SAGEMAKER_PROGRAM": "inference.py"})
     assert _invoke(server.port, b"[[0, 0.1], [5, 5]]", "application/json") == ("application/json", b"[0,1]")
+
+
+XGBOOST_MODEL_ONLY = """
+    import os
+
+    import xgboost
+
+
+    def model_fn(model_dir):
+        booster = xgboost.Booster()
+        booster.load_model(os.path.join(model_dir, "xgboost-model.json"))
+        return booster
+"""
+
+
+def test_missing_functions_fall_back_to_the_xgboost_defaults(servers: ServerFactory, tmp_path: Path) -> None:
+    """--script-defaults xgboost: CSV, LibSVM and RecordIO-protobuf bodies become a DMatrix for Booster.predict, and
+    all three give the same scores as XGBoost in-process."""
+    import scipy.sparse
+    import xgboost
+    from sagemaker.amazon.common import write_spmatrix_to_sparse_tensor
+
+    from inference_server.client import RecordSerializer
+
+    model_dir = _model_dir(tmp_path, XGBOOST_MODEL_ONLY)
+    features = np.array([[0.0, 0.0], [0.1, 0.2], [5.0, 5.0], [5.2, 4.9]])
+    train = xgboost.DMatrix(features, label=[0, 0, 1, 1])
+    booster = xgboost.train({"objective": "binary:logistic", "max_depth": 2}, train, num_boost_round=3)
+    booster.save_model(model_dir / "xgboost-model.json")
+    expected = booster.predict(xgboost.DMatrix(np.array([[0.0, 0.1], [5.0, 5.0]]))).tolist()
+    zeros = booster.predict(xgboost.DMatrix(np.zeros((1, 2)))).tolist()
+    env = {"SAGEMAKER_PROGRAM": "inference.py"}
+    server = servers.start("--model-dir", str(model_dir), "--script-defaults", "xgboost", plugins=[], env=env)
+    records = RecordSerializer().serialize(np.array([[0.0, 0.1], [5.0, 5.0]])).getvalue()
+    sparse = io.BytesIO()  # the SDK's own writer of sparse records (keys and shape)
+    write_spmatrix_to_sparse_tensor(sparse, scipy.sparse.csr_matrix(np.array([[0.0, 0.1], [5.0, 5.0], [0, 0]])))
+    bodies = [
+        (b"0,0.1\n5,5", "text/csv", expected),
+        (b"0 0:0 1:0.1\n1 0:5 1:5\n", "text/libsvm", expected),
+        (records, "application/x-recordio-protobuf", expected),
+        (sparse.getvalue(), "application/x-recordio-protobuf", expected + zeros),  # its third row is all zeros
+    ]
+    for body, content_type, scores in bodies:
+        answer_type, answer = _invoke(server.port, body, content_type, "application/json")
+        assert answer_type == "application/json"
+        assert np.allclose(json.loads(answer), scores), content_type
+    reply = server.request("POST", "/invocations", b"[[1, 2]]", {"Content-Type": "application/json"})
+    assert (reply.status, "not supported by the XGBoost defaults" in reply.json()["message"]) == (415, True)
+    reply = server.request("POST", "/invocations", b"1,2\n3", {"Content-Type": "text/csv"})
+    assert reply.status == 400

@@ -20,6 +20,7 @@ calls them:
 from __future__ import annotations
 
 import contextvars
+import csv
 import functools
 import importlib.util
 import inspect
@@ -29,6 +30,7 @@ import logging
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -198,8 +200,8 @@ def sklearn_predict_fn(input_data: Any, model: Any) -> Any:
 
 
 def sklearn_output_fn(prediction: Any, accept: str) -> tuple[bytes | str, str]:
-    """The scikit-learn container's default: JSON (``json.dumps`` of ``tolist()``), CSV (``np.savetxt`` with
-    ``%s``) or ``.npy``, the first of ``accept`` it can write."""
+    """The scikit-learn (and XGBoost) container's default: JSON (``json.dumps`` of ``tolist()``), CSV
+    (``np.savetxt`` with ``%s``) or ``.npy``, the first of ``accept`` it can write."""
     for wanted in (part.split(";", 1)[0].strip().lower() for part in accept.split(",")):
         if wanted == "application/json":
             return json.dumps(np.asarray(prediction).tolist()), wanted
@@ -210,15 +212,92 @@ def sklearn_output_fn(prediction: Any, accept: str) -> tuple[bytes | str, str]:
         if wanted == npy.MEDIA_TYPE:
             return codecs.dumps(np.asarray(prediction), npy.MEDIA_TYPE), wanted
     raise werkzeug.exceptions.NotAcceptable(
-        f"Accept {accept} is not supported by the scikit-learn defaults (application/json, text/csv, "
+        f"Accept {accept} is not supported by the container defaults (application/json, text/csv, "
         "application/x-npy): implement output_fn to serialize the prediction"
     )
+
+
+def _xgboost() -> Any:
+    try:
+        import xgboost
+    except ImportError:
+        raise ImportError("--script-defaults xgboost needs XGBoost: pip install xgboost (or xgboost-cpu)") from None
+    return xgboost
+
+
+def _csv_rows(text: str) -> np.ndarray:
+    """The XGBoost container's CSV: the delimiter sniffed from the first line, empty fields as NaN, float64."""
+    try:
+        delimiter = csv.Sniffer().sniff(text.split("\n")[0][:512]).delimiter
+    except csv.Error:  # one column: nothing to sniff (the container fails there; a comma is what was meant)
+        delimiter = ","
+    if delimiter.isalnum():
+        delimiter = ","
+    rows = [["nan" if field == "" else field for field in line.split(delimiter)] for line in text.split("\n")]
+    try:
+        return np.array(rows).astype(None)
+    except ValueError as exc:
+        raise werkzeug.exceptions.BadRequest(f"the CSV body is not numeric rows of equal length: {exc}") from None
+
+
+def _recordio_rows(body: bytes) -> Any:
+    """RecordIO-protobuf's ``values`` features as rows: dense tensors stacked, sparse ones (keys and shape) as CSR."""
+    import scipy.sparse  # type: ignore[import-untyped]
+
+    from inference_server.client import _record
+
+    try:
+        records = _record.read_records(body)
+    except ValueError as exc:
+        raise werkzeug.exceptions.BadRequest(str(exc)) from None
+    rows: list[_record.Tensor] = []
+    for record in records:
+        value = record.features.get("values")
+        kinds = (value.float32_tensor, value.float64_tensor, value.int32_tensor) if value is not None else ()
+        tensor = next((kind for kind in kinds if kind.values or kind.shape), None)  # a sparse row may be all 0
+        if tensor is None:
+            raise werkzeug.exceptions.BadRequest("a RecordIO-protobuf record has no 'values' feature")
+        rows.append(tensor)
+    if all(not tensor.keys for tensor in rows):
+        return np.array([tensor.values for tensor in rows], dtype=np.float64)
+    width = max(tensor.shape[0] if tensor.shape else max(tensor.keys) + 1 for tensor in rows)
+    data = [value for tensor in rows for value in tensor.values]
+    columns = [key for tensor in rows for key in tensor.keys]
+    pointers = np.cumsum(np.array([0] + [len(tensor.keys) for tensor in rows]))
+    return scipy.sparse.csr_matrix((data, columns, pointers), shape=(len(rows), width))
+
+
+def xgboost_input_fn(input_data: str | bytes, content_type: str) -> Any:
+    """The XGBoost container's default: CSV, LibSVM and RecordIO-protobuf bodies as a ``DMatrix``."""
+    xgboost = _xgboost()
+    bare = content_type.split(";", 1)[0].strip().lower()
+    if bare == "text/csv":
+        text = input_data if isinstance(input_data, str) else input_data.decode("utf-8")
+        return xgboost.DMatrix(_csv_rows(text))
+    if bare in ("text/libsvm", "text/x-libsvm"):
+        body = input_data.encode() if isinstance(input_data, str) else input_data
+        with tempfile.NamedTemporaryFile(suffix=".libsvm") as file:
+            file.write(body)
+            file.flush()
+            return xgboost.DMatrix(f"{file.name}?format=libsvm")
+    if bare == "application/x-recordio-protobuf":
+        return xgboost.DMatrix(_recordio_rows(input_data if isinstance(input_data, bytes) else input_data.encode()))
+    raise werkzeug.exceptions.UnsupportedMediaType(
+        f"Content type {content_type} is not supported by the XGBoost defaults (text/csv, text/libsvm, "
+        "application/x-recordio-protobuf): implement input_fn to deserialize it"
+    )
+
+
+def xgboost_predict_fn(input_data: Any, model: Any) -> Any:
+    """The XGBoost container's default: ``model.predict(data, validate_features=False)``."""
+    return model.predict(input_data, validate_features=False)
 
 
 #: ``--script-defaults``: what stands in for the functions a script does not define.
 DEFAULTS: dict[str, dict[str, Callable[..., Any]]] = {
     "inference-server": {},
     "sklearn": {"input_fn": sklearn_input_fn, "predict_fn": sklearn_predict_fn, "output_fn": sklearn_output_fn},
+    "xgboost": {"input_fn": xgboost_input_fn, "predict_fn": xgboost_predict_fn, "output_fn": sklearn_output_fn},
 }
 
 

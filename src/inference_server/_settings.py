@@ -93,7 +93,7 @@ def _default_hooks(text: str) -> str:
     return word
 
 
-SCRIPT_DEFAULTS = ("inference-server", "sklearn")
+SCRIPT_DEFAULTS = ("inference-server", "sklearn", "xgboost")
 
 
 def _script_defaults(text: str) -> str:
@@ -302,8 +302,9 @@ class Settings:
         "INFERENCE_SERVER_SCRIPT_DEFAULTS",
         _script_defaults,
         "what stands in for the input_fn, predict_fn and output_fn a script does not define: inference-server (the "
-        "built-in hooks) or sklearn (the SageMaker scikit-learn container's defaults: JSON and CSV as float32 "
-        "arrays, model.predict, json.dumps or np.savetxt answers)",
+        "built-in hooks), sklearn (the SageMaker scikit-learn container's defaults: JSON and CSV as float32 "
+        "arrays, model.predict, json.dumps or np.savetxt answers) or xgboost (the XGBoost container's: CSV, LibSVM "
+        "and RecordIO-protobuf as a DMatrix, model.predict, the same answers)",
         choices=SCRIPT_DEFAULTS,
     )
     install_requirements: bool = _variable(
