@@ -244,7 +244,7 @@ def _recordio_rows(body: bytes) -> Any:
     """RecordIO-protobuf's ``values`` features as rows: dense tensors stacked, sparse ones (keys and shape) as CSR."""
     import scipy.sparse  # type: ignore[import-untyped]
 
-    from inference_server.client import _record
+    from inference_server.codecs import recordio_protobuf as _record
 
     try:
         records = _record.read_records(body)

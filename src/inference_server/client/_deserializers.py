@@ -22,9 +22,10 @@ import numpy as np
 import orjson
 
 from inference_server import codecs
-from inference_server.client import _record, _sdk
+from inference_server.client import _sdk
 from inference_server.codecs import arrow, json, jsonlines, npy, npz
 from inference_server.codecs import csv as csv_codec
+from inference_server.codecs import recordio_protobuf as _record
 
 
 class Body:

@@ -20,9 +20,10 @@ from typing import Any
 import numpy as np
 
 from inference_server import codecs
-from inference_server.client import _record, _sdk
+from inference_server.client import _sdk
 from inference_server.codecs import arrow, npy, npz, text
 from inference_server.codecs import csv as csv_codec
+from inference_server.codecs import recordio_protobuf as _record
 
 
 class BaseSerializer(abc.ABC):

@@ -1,5 +1,6 @@
 """RecordIO-protobuf, the format of SageMaker's built-in algorithms (``application/x-recordio-protobuf``), written and
-read without protobuf: the few messages it uses are encoded here by hand, byte for byte as protobuf writes them.
+read without protobuf (by the client's Record classes and the XGBoost script defaults; not a registered codec): the
+few messages it uses are encoded here by hand, byte for byte as protobuf writes them.
 
 A body is a sequence of RecordIO records (magic ``0xCED7230A``, length, data padded to 4 bytes), each one ``Record``
 message: ``features`` and ``label`` are maps of name to ``Value``; a ``Value`` holds one tensor (``float32_tensor``,
