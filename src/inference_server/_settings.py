@@ -75,32 +75,23 @@ def _integer(minimum: int) -> Callable[[str], int]:
 JSON_NAN = ("null", "literal", "error")
 
 
-def _json_nan(text: str) -> str:
-    word = text.strip().lower()
-    if word not in JSON_NAN:
-        raise ValueError(f"must be one of {', '.join(JSON_NAN)}")
-    return word
+def _one_of(choices: tuple[str, ...]) -> Callable[[str], str]:
+    """A parser of one word among ``choices`` (any case, surrounding blanks ignored)."""
+
+    def parse(text: str) -> str:
+        word = text.strip().lower()
+        if word not in choices:
+            raise ValueError(f"must be one of {', '.join(choices)}")
+        return word
+
+    return parse
 
 
 DEFAULT_HOOKS = ("codecs", "passthrough")
 DEFAULT_HOOKS_ENV = "INFERENCE_SERVER_DEFAULT_HOOKS"
 
 
-def _default_hooks(text: str) -> str:
-    word = text.strip().lower()
-    if word not in DEFAULT_HOOKS:
-        raise ValueError(f"must be one of {', '.join(DEFAULT_HOOKS)}")
-    return word
-
-
 SCRIPT_DEFAULTS = ("inference-server", "sklearn", "xgboost")
-
-
-def _script_defaults(text: str) -> str:
-    word = text.strip().lower()
-    if word not in SCRIPT_DEFAULTS:
-        raise ValueError(f"must be one of {', '.join(SCRIPT_DEFAULTS)}")
-    return word
 
 
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
@@ -141,13 +132,6 @@ def _setting(option: str, value: object, environ: Mapping[str, str], variable: V
         return variable.parse(str(value))  # type: ignore[return-value]
     except ValueError as exc:
         raise ConfigurationError(f"--{option.replace('_', '-')}={value!r} is invalid: {exc}") from None
-
-
-def _server(text: str) -> str:
-    name = text.strip().lower()
-    if name not in SERVERS:
-        raise ValueError(f"must be one of {', '.join(SERVERS)}")
-    return name
 
 
 def _port(text: str) -> int:
@@ -272,7 +256,7 @@ class Settings:
     json_nan: str = _variable(
         "null",
         "INFERENCE_SERVER_JSON_NAN",
-        _json_nan,
+        _one_of(JSON_NAN),
         "NaN and infinity in JSON answers: null (strict JSON), literal (NaN, Infinity: what Python's json and "
         "pandas read, not strict JSON) or error (a 500 saying so)",
         choices=JSON_NAN,
@@ -281,7 +265,7 @@ class Settings:
     default_hooks: str = _variable(
         "codecs",
         DEFAULT_HOOKS_ENV,
-        _default_hooks,
+        _one_of(DEFAULT_HOOKS),
         "what the built-in input_fn and output_fn do when no plugin implements them: codecs (decode the body by its "
         "Content-Type and encode the prediction by Accept) or passthrough (inference-server 1.x: the body's bytes "
         "in, the prediction's bytes out as application/octet-stream)",
@@ -300,7 +284,7 @@ class Settings:
     script_defaults: str = _variable(
         "inference-server",
         "INFERENCE_SERVER_SCRIPT_DEFAULTS",
-        _script_defaults,
+        _one_of(SCRIPT_DEFAULTS),
         "what stands in for the input_fn, predict_fn and output_fn a script does not define: inference-server (the "
         "built-in hooks), sklearn (the SageMaker scikit-learn container's defaults: JSON and CSV as float32 "
         "arrays, model.predict, json.dumps or np.savetxt answers) or xgboost (the XGBoost container's: CSV, LibSVM "
@@ -318,7 +302,7 @@ class Settings:
     server: str = _variable(
         "granian",
         "INFERENCE_SERVER_BACKEND",
-        _server,
+        _one_of(SERVERS),
         "HTTP server: granian, fastest for real-time requests, or gunicorn, faster and leaner for bodies of many MB "
         "(each slow client holds one of its threads, up to about 1,000 per worker: past that, put it behind a proxy "
         "that buffers requests, as SageMaker's front end does)",
