@@ -315,3 +315,27 @@ def test_missing_functions_fall_back_to_the_xgboost_defaults(servers: ServerFact
     assert (reply.status, "not supported by the XGBoost defaults" in reply.json()["message"]) == (415, True)
     reply = server.request("POST", "/invocations", b"1,2\n3", {"Content-Type": "text/csv"})
     assert reply.status == 400
+
+
+def test_a_script_runs_batch_transform_and_is_listed_as_a_plugin(tmp_path: Path) -> None:
+    """inference-server transform serves the same script (SAGEMAKER_PROGRAM), and inference-server plugins lists it."""
+    model_dir = _model_dir(tmp_path, TRANSFORM)
+    inputs, outputs = tmp_path / "in", tmp_path / "out"
+    inputs.mkdir()
+    (inputs / "words.txt").write_bytes(b"north utsire")
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(tmp_path),
+        "INFERENCE_SERVER_PLUGINS": "",
+        "SAGEMAKER_PROGRAM": "inference.py",
+    }
+    command = [sys.executable, "-m", "inference_server"]
+    args = ["transform", str(inputs), str(outputs), "--model-dir", str(model_dir), "--accept", "text/plain", "--quiet"]
+    done = subprocess.run([*command, *args], capture_output=True, text=True, timeout=120, env=env, check=False)
+    assert done.returncode == 0, done.stderr
+    assert (outputs / "words.txt.out").read_bytes() == b"NORTH UTSIRE (bytes)"
+    env["INFERENCE_SERVER_MODEL_DIR"] = str(model_dir)
+    listed = subprocess.run([*command, "plugins"], capture_output=True, text=True, timeout=60, env=env, check=False)
+    assert f"plugin script:{model_dir / 'code' / 'inference.py'}" in listed.stdout
+    assert "hook transform_fn" not in listed.stdout
+    assert f"hook model_fn: script:{model_dir / 'code' / 'inference.py'}, then built-in" in listed.stdout

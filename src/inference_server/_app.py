@@ -21,7 +21,7 @@ import orjson
 import pluggy
 import werkzeug.exceptions
 
-from inference_server import _deadlines, _plugins, _script, batching, codecs
+from inference_server import _deadlines, _plugins, batching, codecs
 from inference_server._pipeline import Pipeline
 from inference_server._settings import Settings
 from inference_server.errors import (
@@ -106,8 +106,6 @@ class App:
         #: When the request reached the server (``time.monotonic()``), for servers that can say (gunicorn): one that
         #: was waiting for a server thread when the drain began is answered, not refused.
         self.arrival: Callable[[WSGIEnvironment], float | None] | None = None
-        #: The framework container script served as a plugin, if any (``--script``, ``SAGEMAKER_PROGRAM``).
-        self.script = _script.install(pm, settings)
         self.pipeline = Pipeline(settings, pm)
         self.execution_parameters = self.pipeline.execution_parameters
         self._routes: dict[str, dict[str, Handler]] = {

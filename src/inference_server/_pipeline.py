@@ -16,7 +16,7 @@ import werkzeug.exceptions
 import werkzeug.http
 from werkzeug.datastructures import MIMEAccept
 
-from inference_server import _model, _plugins, codecs, default_plugin
+from inference_server import _model, _plugins, _script, codecs, default_plugin
 from inference_server._settings import BatchStrategy, Settings
 from inference_server.errors import ConfigurationError, HookError, HTTPError, ModelLoadError
 
@@ -67,6 +67,9 @@ class Pipeline:
 
     def __init__(self, settings: Settings, pm: pluggy.PluginManager) -> None:
         self.pm = pm
+        #: The framework container script served as a plugin, if any (``--script``, ``SAGEMAKER_PROGRAM``): the
+        #: server and Batch Transform alike.
+        self.script = _script.install(pm, settings)
         self.model_dir = settings.model_dir
         #: ``/execution-parameters``: checked here, so that invalid hook values stop start-up.
         self.execution_parameters = execution_parameters(pm)

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import inference_server
-from inference_server import _plugins, server
+from inference_server import _plugins, _script, server
 from inference_server._hookspecs import ENTRY_POINT_GROUP
 from inference_server._plugins import PLUGINS_ENV
 from inference_server._settings import DEFAULTS, VARIABLES, Settings, Variable
@@ -186,7 +186,8 @@ def _transform(command: argparse.ArgumentParser, args: argparse.Namespace) -> in
 def _plugins_report(*, strict: bool) -> int:
     try:
         pm = _plugins.manager()
-    except PluginError as exc:
+        _script.install(pm, Settings.from_env())  # a framework container script is a plugin too
+    except (PluginError, ConfigurationError) as exc:
         print(f"inference-server: error: {exc}", file=sys.stderr)
         return 1
     for line in _plugins.describe(pm):
