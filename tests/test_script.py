@@ -339,3 +339,28 @@ def test_a_script_runs_batch_transform_and_is_listed_as_a_plugin(tmp_path: Path)
     assert f"plugin script:{model_dir / 'code' / 'inference.py'}" in listed.stdout
     assert "hook transform_fn" not in listed.stdout
     assert f"hook model_fn: script:{model_dir / 'code' / 'inference.py'}, then built-in" in listed.stdout
+
+
+CONTEXT_WITHOUT_INPUT_FN = """
+    def model_fn(model_dir):
+        return None
+
+
+    def predict_fn(data, model, context):
+        return {"type": context.get_request_header(0, "Content-Type"), "data": data}
+"""
+
+
+def test_a_context_reaches_predict_fn_when_input_fn_is_ours(servers: ServerFactory, tmp_path: Path) -> None:
+    """A script whose predict_fn takes the context but has no input_fn: the built-in input_fn decodes, and each
+    request's context is its own (never the previous request's on the same thread)."""
+    model_dir = _model_dir(tmp_path, CONTEXT_WITHOUT_INPUT_FN)
+    server = servers.start("--model-dir", str(model_dir), plugins=[], env={"SAGEMAKER_PROGRAM": "inference.py"})
+    for body, content_type, data in [
+        (b'{"a": 1}', "application/json", {"a": 1}),
+        (b"[2]", "application/json; x=1", [2]),
+    ]:
+        reply = server.request(
+            "POST", "/invocations", body, {"Content-Type": content_type, "Accept": "application/json"}
+        )
+        assert (reply.status, reply.json()) == (200, {"type": content_type, "data": data})

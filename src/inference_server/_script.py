@@ -42,7 +42,7 @@ import pluggy
 import werkzeug.exceptions
 from werkzeug.datastructures import MIMEAccept
 
-from inference_server import _plugins, codecs
+from inference_server import _plugins, codecs, default_plugin
 from inference_server._hookspecs import plugin_hook
 from inference_server._settings import Settings
 from inference_server.codecs import npy
@@ -166,6 +166,10 @@ def _status_error(exc: Exception) -> werkzeug.exceptions.HTTPException | None:
     error = werkzeug.exceptions.HTTPException(str(getattr(exc, "message", None) or exc))
     error.code = status
     return error
+
+
+#: What a script's model_fn that returned None gives as the model (its functions get None back).
+_NO_MODEL = object()
 
 
 class _Deferred:
@@ -322,7 +326,8 @@ class ScriptPlugin:
         self.functions = functions
         self.default_accept = os.environ.get("SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT") or "application/json"
         self.model_fn = plugin_hook(lambda model_dir: self._model_fn(model_dir))
-        if functions.keys() & {"input_fn", "transform_fn"}:
+        # input_fn starts each request's context, so it is ours whenever a later function takes the context
+        if functions.keys() & {"input_fn", "transform_fn"} or any(self.context.values()):
             self.input_fn = plugin_hook(lambda input_data, content_type: self._input_fn(input_data, content_type))
         if functions.keys() & {"predict_fn", "transform_fn"}:
             self.predict_fn = plugin_hook(lambda data, model: self._predict_fn(data, model))
@@ -341,11 +346,14 @@ class ScriptPlugin:
             raise error from exc
 
     def _model_fn(self, model_dir: str) -> Any:
-        return self._call("model_fn", model_dir, context=Context(model_dir))
+        model = self._call("model_fn", model_dir, context=Context(model_dir))
+        return _NO_MODEL if model is None else model  # the toolkit allows None; for a plugin it is a failed load
 
     def _input_fn(self, input_data: Any, content_type: str) -> Any:
         context = Context(self.model_dir, {"Content-Type": content_type})
         _request.set(context)
+        if "input_fn" not in self.functions and "transform_fn" not in self.functions:
+            return default_plugin.input_fn(input_data, content_type)  # only here to start the context
         bare = content_type.split(";", 1)[0].strip().lower()
         data: Any = bytes(input_data)
         if bare in TEXT_TYPES:
@@ -358,6 +366,7 @@ class ScriptPlugin:
         return self._call("input_fn", data, content_type, context=context)
 
     def _predict_fn(self, data: Any, model: Any) -> Any:
+        model = None if model is _NO_MODEL else model
         if isinstance(data, _Deferred):
             data.model = model
             return data
