@@ -1,7 +1,8 @@
 """Client download speed: our Predictor against requests and boto3 for a 100 MB ``.npy`` answer, in one run.
 
 The server (gunicorn backend, the faster writer) returns a prepared 100 MB float32 array for any request; each
-client sends a tiny body and decodes the answer to an ndarray. Alternating, medians of GB/s.
+client sends a tiny body and decodes the answer to an ndarray: our Predictor, requests + np.load, boto3 with our
+NumpyDeserializer and boto3 with the SageMaker SDK's. Alternating, medians of GB/s.
 Run: ``.venv/bin/python benchmarks/client.py``.
 """
 
@@ -62,14 +63,24 @@ def main() -> None:
             response = runtime.invoke_endpoint(EndpointName="e", Body=body, ContentType="application/x-npy")
             return NumpyDeserializer().deserialize(response["Body"], response["ContentType"])  # type: ignore[no-any-return]
 
+        def with_sdk() -> np.ndarray:
+            response = runtime.invoke_endpoint(EndpointName="e", Body=body, ContentType="application/x-npy")
+            return sdk_deserializer.deserialize(response["Body"], response["ContentType"])  # type: ignore[no-any-return]
+
+        os.environ.setdefault("SAGEMAKER_SUPPRESS_V2_WARNING", "1")
+        import sagemaker.deserializers
+
+        sdk_deserializer = sagemaker.deserializers.NumpyDeserializer()
+
         clients: dict[str, Callable[[], np.ndarray]] = {
             "ours Predictor": lambda: predictor.predict(np.zeros(1)),
             "requests + np.load": with_requests,
             "boto3 invoke_endpoint": with_boto3,
+            "boto3 + the SDK's deser.": with_sdk,
         }
         samples: dict[str, list[float]] = {name: [] for name in clients}
         for i in range(9):
-            for name in list(clients)[i % 3 :] + list(clients)[: i % 3]:
+            for name in list(clients)[i % len(clients) :] + list(clients)[: i % len(clients)]:
                 started = time.perf_counter()
                 array = clients[name]()
                 samples[name].append(PAYLOAD / (time.perf_counter() - started) / 1e9)
