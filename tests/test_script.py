@@ -258,6 +258,12 @@ def test_missing_functions_fall_back_to_the_scikit_learn_defaults(servers: Serve
     assert (reply.status, "not supported by the scikit-learn defaults" in reply.json()["message"]) == (415, True)
     headers = {"Content-Type": "application/json", "Accept": "image/png"}
     assert server.request("POST", "/invocations", b"[[1, 1]]", headers).status == 406
+    for body, content_type in [(b"[[1, 2], [3]]", "application/json"), (b"{bad", "application/json"),
+                               (b"[" * 100_000, "application/json"), (b"1,2\n3", "text/csv"),
+                               (b'["a", "b"]', "application/json")]:  # fmt: skip
+        reply = server.request("POST", "/invocations", body, {"Content-Type": content_type})
+        assert (reply.status, "is not an array of numbers" in reply.json()["message"]) == (400, True), body[:20]
+    assert server.request("GET", "/ping").status == 200
 
 
 def test_missing_functions_are_ours_by_default(servers: ServerFactory, tmp_path: Path) -> None:
@@ -315,6 +321,14 @@ def test_missing_functions_fall_back_to_the_xgboost_defaults(servers: ServerFact
     assert (reply.status, "not supported by the XGBoost defaults" in reply.json()["message"]) == (415, True)
     reply = server.request("POST", "/invocations", b"1,2\n3", {"Content-Type": "text/csv"})
     assert reply.status == 400
+    for body in (b"0 x:y:z\n", b"1 -5:1", b"1 2:abc", b"1 99999999999999999999:1", b"0 1", b"\xff\xfe"):
+        reply = server.request("POST", "/invocations", body, {"Content-Type": "text/libsvm"})
+        assert (reply.status, "LibSVM" in reply.json()["message"]) == (400, True), body
+    reply = server.request(
+        "POST", "/invocations", b"\x0a\x23\xd7\xce\x08\x00", {"Content-Type": "application/x-recordio-protobuf"}
+    )
+    assert reply.status == 400
+    assert server.request("GET", "/ping").status == 200
 
 
 def test_a_script_runs_batch_transform_and_is_listed_as_a_plugin(tmp_path: Path) -> None:

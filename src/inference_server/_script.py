@@ -30,7 +30,6 @@ import logging
 import os
 import subprocess
 import sys
-import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -183,10 +182,13 @@ def sklearn_input_fn(input_data: str | bytes, content_type: str) -> np.ndarray:
     """The scikit-learn container's default: JSON and CSV as float32 arrays, ``.npy`` as it is."""
     bare = content_type.split(";", 1)[0].strip().lower()
     text = input_data if isinstance(input_data, str) else None
-    if bare == "application/json" and text is not None:
-        return np.array(json.loads(text)).astype(np.float32)
-    if bare == "text/csv" and text is not None:
-        return np.genfromtxt(io.StringIO(text), delimiter=",").astype(np.float32)
+    try:
+        if bare == "application/json" and text is not None:
+            return np.array(json.loads(text)).astype(np.float32)
+        if bare == "text/csv" and text is not None:
+            return np.genfromtxt(io.StringIO(text), delimiter=",").astype(np.float32)
+    except (ValueError, RecursionError) as exc:  # the client's body: not numbers, ragged, nested beyond reason
+        raise werkzeug.exceptions.BadRequest(f"the {bare} body is not an array of numbers: {exc}") from None
     if bare == npy.MEDIA_TYPE:
         array: np.ndarray = codecs.loads(
             input_data if isinstance(input_data, bytes) else input_data.encode(), npy.MEDIA_TYPE
@@ -271,6 +273,35 @@ def _recordio_rows(body: bytes) -> Any:
     return scipy.sparse.csr_matrix((data, columns, pointers), shape=(len(rows), width))
 
 
+def _libsvm_rows(text: str) -> Any:
+    """LibSVM lines (``<label> <index>:<value> ...``, ``qid:`` and ``#`` comments ignored) as a CSR matrix; the
+    labels are dropped, as for prediction. A malformed line is a 400 naming it."""
+    import scipy.sparse
+
+    data: list[float] = []
+    columns: list[int] = []
+    pointers = [0]
+    for number, line in enumerate(text.splitlines(), 1):
+        fields = line.split("#", 1)[0].split()
+        if not fields:
+            continue
+        for field in fields[1:]:
+            index, colon, value = field.partition(":")
+            if index == "qid":
+                continue
+            try:
+                column, number_value = int(index), float(value)
+            except ValueError:
+                column, number_value = -1, 0.0
+            if not colon or not 0 <= column < 2**31:
+                raise werkzeug.exceptions.BadRequest(f"LibSVM line {number}: {field!r} is not <index>:<value>")
+            columns.append(column)
+            data.append(number_value)
+        pointers.append(len(columns))
+    width = max(columns) + 1 if columns else 0
+    return scipy.sparse.csr_matrix((data, columns, pointers), shape=(len(pointers) - 1, width))
+
+
 def xgboost_input_fn(input_data: str | bytes, content_type: str) -> Any:
     """The XGBoost container's default: CSV, LibSVM and RecordIO-protobuf bodies as a ``DMatrix``."""
     xgboost = _xgboost()
@@ -279,11 +310,11 @@ def xgboost_input_fn(input_data: str | bytes, content_type: str) -> Any:
         text = input_data if isinstance(input_data, str) else input_data.decode("utf-8")
         return xgboost.DMatrix(_csv_rows(text))
     if bare in ("text/libsvm", "text/x-libsvm"):
-        body = input_data.encode() if isinstance(input_data, str) else input_data
-        with tempfile.NamedTemporaryFile(suffix=".libsvm") as file:
-            file.write(body)
-            file.flush()
-            return xgboost.DMatrix(f"{file.name}?format=libsvm")
+        try:
+            text = input_data if isinstance(input_data, str) else input_data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise werkzeug.exceptions.BadRequest(f"the LibSVM body is not UTF-8: {exc}") from None
+        return xgboost.DMatrix(_libsvm_rows(text))
     if bare == "application/x-recordio-protobuf":
         return xgboost.DMatrix(_recordio_rows(input_data if isinstance(input_data, bytes) else input_data.encode()))
     raise werkzeug.exceptions.UnsupportedMediaType(
