@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import struct
 import subprocess
 import sys
 import textwrap
@@ -286,6 +287,18 @@ XGBOOST_MODEL_ONLY = """
 """
 
 
+def _xgboost_model_dir(tmp_path: Path) -> tuple[Path, Any]:
+    """A model directory with XGBOOST_MODEL_ONLY as its script and a small trained booster; and the booster."""
+    import xgboost
+
+    model_dir = _model_dir(tmp_path, XGBOOST_MODEL_ONLY)
+    features = np.array([[0.0, 0.0], [0.1, 0.2], [5.0, 5.0], [5.2, 4.9]])
+    train = xgboost.DMatrix(features, label=[0, 0, 1, 1])
+    booster = xgboost.train({"objective": "binary:logistic", "max_depth": 2}, train, num_boost_round=3)
+    booster.save_model(model_dir / "xgboost-model.json")
+    return model_dir, booster
+
+
 def test_missing_functions_fall_back_to_the_xgboost_defaults(servers: ServerFactory, tmp_path: Path) -> None:
     """--script-defaults xgboost: CSV, LibSVM and RecordIO-protobuf bodies become a DMatrix for Booster.predict, and
     all three give the same scores as XGBoost in-process."""
@@ -295,11 +308,7 @@ def test_missing_functions_fall_back_to_the_xgboost_defaults(servers: ServerFact
 
     from inference_server.client import RecordSerializer
 
-    model_dir = _model_dir(tmp_path, XGBOOST_MODEL_ONLY)
-    features = np.array([[0.0, 0.0], [0.1, 0.2], [5.0, 5.0], [5.2, 4.9]])
-    train = xgboost.DMatrix(features, label=[0, 0, 1, 1])
-    booster = xgboost.train({"objective": "binary:logistic", "max_depth": 2}, train, num_boost_round=3)
-    booster.save_model(model_dir / "xgboost-model.json")
+    model_dir, booster = _xgboost_model_dir(tmp_path)
     expected = booster.predict(xgboost.DMatrix(np.array([[0.0, 0.1], [5.0, 5.0]]))).tolist()
     zeros = booster.predict(xgboost.DMatrix(np.zeros((1, 2)))).tolist()
     env = {"SAGEMAKER_PROGRAM": "inference.py"}
@@ -378,3 +387,27 @@ def test_a_context_reaches_predict_fn_when_input_fn_is_ours(servers: ServerFacto
             "POST", "/invocations", body, {"Content-Type": content_type, "Accept": "application/json"}
         )
         assert (reply.status, reply.json()) == (200, {"type": content_type, "data": data})
+
+
+def test_hostile_sparse_records_are_a_400(servers: ServerFactory, tmp_path: Path) -> None:
+    """A sparse RecordIO-protobuf record whose key or declared width is absurd is refused, never allocated."""
+    from inference_server.codecs import recordio_protobuf
+
+    model_dir, _ = _xgboost_model_dir(tmp_path)
+    env = {"SAGEMAKER_PROGRAM": "inference.py"}
+    server = servers.start("--model-dir", str(model_dir), "--script-defaults", "xgboost", plugins=[], env=env)
+
+    def sparse(key: int, width: int) -> bytes:
+        tensor = recordio_protobuf._field(1, struct.pack("<f", 1.0))
+        tensor += recordio_protobuf._field(2, recordio_protobuf._varint(key))
+        tensor += recordio_protobuf._field(3, recordio_protobuf._varint(width))
+        value = recordio_protobuf._field(2, tensor)
+        entry = recordio_protobuf._field(1, b"values") + recordio_protobuf._field(2, value)
+        return recordio_protobuf._recordio(recordio_protobuf._field(1, entry))
+
+    for key, width in ((2**40, 2**41), (5, 3), (0, 2**62)):
+        reply = server.request(
+            "POST", "/invocations", sparse(key, width), {"Content-Type": "application/x-recordio-protobuf"}
+        )
+        assert (reply.status, "beyond its width" in reply.json()["message"]) == (400, True), (key, width)
+    assert server.request("GET", "/ping").status == 200

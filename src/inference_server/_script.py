@@ -267,6 +267,10 @@ def _recordio_rows(body: bytes) -> Any:
     if all(not tensor.keys for tensor in rows):
         return np.array([tensor.values for tensor in rows], dtype=np.float64)
     width = max(tensor.shape[0] if tensor.shape else max(tensor.keys) + 1 for tensor in rows)
+    if width >= 2**31 or any(key >= width for tensor in rows for key in tensor.keys):
+        raise werkzeug.exceptions.BadRequest(
+            f"a sparse RecordIO-protobuf record has a key or shape beyond its width ({width} columns, at most 2**31)"
+        )
     data = [value for tensor in rows for value in tensor.values]
     columns = [key for tensor in rows for key in tensor.keys]
     pointers = np.cumsum(np.array([0] + [len(tensor.keys) for tensor in rows]))
