@@ -13,8 +13,8 @@ calls them:
 - ``output_fn`` and ``transform_fn`` return the body (bytes or str, sent as ``accept``) or ``(body, content_type)``;
 - an exception with an integer ``status_code`` (the toolkit's ``BaseInferenceToolkitError`` and its kind) answers
   that status with its ``message``;
-- a function the script lacks is ours (the built-in hooks), or with ``--script-defaults sklearn`` the scikit-learn
-  container's default (below); ``model_fn`` the script must define, as that container requires too.
+- a function the script lacks is ours (the built-in hooks), or with ``--script-defaults sklearn`` or ``xgboost``
+  that container's default (below); ``model_fn`` the script must define, as both containers require too.
 """
 
 from __future__ import annotations
