@@ -184,6 +184,13 @@ def _value(payload: bytes) -> Value:
     return value
 
 
+def _text(field: bytes) -> str:
+    try:
+        return field.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"RecordIO-protobuf: a string field is not UTF-8 ({exc})") from None
+
+
 def _record(data: bytes) -> Record:
     record = Record()
     for number, wire, field in _Reader(data).fields():
@@ -193,12 +200,12 @@ def _record(data: bytes) -> Record:
             key, value = "", Value()
             for entry_number, _, entry_field in _Reader(field).fields():
                 if entry_number == 1:
-                    key = entry_field.decode("utf-8")
+                    key = _text(entry_field)
                 elif entry_number == 2:
                     value = _value(entry_field)
             (record.features if number == 1 else record.label)[key] = value
         elif number in (3, 4, 5):
-            setattr(record, ("uid", "metadata", "configuration")[number - 3], field.decode("utf-8"))
+            setattr(record, ("uid", "metadata", "configuration")[number - 3], _text(field))
     return record
 
 
