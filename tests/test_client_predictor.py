@@ -45,7 +45,12 @@ def server(servers: Any, plugin_site: Any) -> Any:
 @pytest.fixture
 def local_aws(monkeypatch: pytest.MonkeyPatch, server: Any) -> str:
     """Dummy credentials and AWS_ENDPOINT_URL_SAGEMAKER_RUNTIME pointing at the local server."""
-    url = f"http://127.0.0.1:{server.port}"
+    return _point_aws_at(monkeypatch, server)
+
+
+def _point_aws_at(monkeypatch: pytest.MonkeyPatch, server: Any) -> str:
+    """Set the local AWS variables (local_aws_env) for ``server``; return its URL."""
+    url = _url(server)
     for name, value in local_aws_env(url).items():
         monkeypatch.setenv(name, value)
     return url
@@ -215,10 +220,7 @@ def test_sagemaker_sdk_predictor_with_ours(local_aws: str) -> None:
 @pytest.fixture
 def echo_aws(monkeypatch: pytest.MonkeyPatch, servers: Any) -> str:
     """A server with the built-in hooks only (an echo), and the local AWS variables pointing at it."""
-    url = f"http://127.0.0.1:{servers.start(plugins=[]).port}"
-    for name, value in local_aws_env(url).items():
-        monkeypatch.setenv(name, value)
-    return url
+    return _point_aws_at(monkeypatch, servers.start(plugins=[]))
 
 
 def test_sagemaker_sdk_predictor_sends_text_mode_files_and_strings(echo_aws: str, tmp_path: Any) -> None:

@@ -55,10 +55,10 @@ FUNCTIONS = ("model_fn", "input_fn", "predict_fn", "output_fn", "transform_fn")
 _lock = threading.Lock()
 
 
-def find(settings: Settings, environ: dict[str, str] | None = None) -> Path | None:
+def find(settings: Settings) -> Path | None:
     """The script to serve, if any: ``--script``, else ``SAGEMAKER_PROGRAM`` in ``MODEL_DIR/code``, else in a local
     ``SAGEMAKER_SUBMIT_DIRECTORY``. A script named but not found is a :class:`PluginError`."""
-    env = os.environ if environ is None else environ
+    env = os.environ
     if settings.script:
         path = Path(settings.script)
         if not path.is_file():
@@ -345,7 +345,7 @@ class ScriptPlugin:
     unless it defines transform_fn)."""
 
     def __init__(self, module: ModuleType, model_dir: str, defaults: str = "inference-server") -> None:
-        self.module, self.model_dir = module, model_dir
+        self.model_dir = model_dir
         functions = {name: getattr(module, name) for name in FUNCTIONS if callable(getattr(module, name, None))}
         if "transform_fn" in functions and {"input_fn", "predict_fn", "output_fn"} & set(functions):
             raise PluginError(

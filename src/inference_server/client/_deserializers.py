@@ -58,16 +58,16 @@ def _text(stream: Any, encoding: str = "utf-8") -> str:
 
 
 #: A run of digits long enough to be an integer beyond 64 bits, which orjson reads as a float and json as an int.
-_LONG_NUMBER = re.compile(rb"\d{19}")
+_LONG_NUMBER, _LONG_NUMBER_TEXT = re.compile(rb"[0-9]{19}"), re.compile(r"[0-9]{19}")
 
 
 def _load_json(body: str | codecs.Buffer) -> Any:
     """``json.loads``'s result and errors, by orjson when that gives the same: not for NaN and Infinity literals
     (orjson refuses them) nor integers beyond 64 bits (orjson reads them as floats)."""
-    data = body.encode() if isinstance(body, str) else body
-    if _LONG_NUMBER.search(data) is None:
+    long = _LONG_NUMBER_TEXT.search(body) if isinstance(body, str) else _LONG_NUMBER.search(body)
+    if long is None:
         try:
-            return orjson.loads(data)
+            return orjson.loads(body)
         except orjson.JSONDecodeError:
             pass
     return stdlib_json.loads(body if isinstance(body, str) else str(body, "utf-8"))
