@@ -19,6 +19,7 @@ from inference_server.client._deserializers import (
     SimpleBaseDeserializer,
     StreamDeserializer,
     StringDeserializer,
+    TorchTensorDeserializer,
 )
 from inference_server.client._predictor import Predictor
 from inference_server.client._serializers import (
@@ -36,6 +37,7 @@ from inference_server.client._serializers import (
     SimpleBaseSerializer,
     SparseMatrixSerializer,
     StringSerializer,
+    TorchTensorSerializer,
 )
 from inference_server.errors import PredictionError
 
@@ -69,4 +71,6 @@ __all__ = [
     "StreamDeserializer",
     "StringDeserializer",
     "StringSerializer",
+    "TorchTensorDeserializer",
+    "TorchTensorSerializer",
 ]

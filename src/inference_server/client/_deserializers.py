@@ -23,6 +23,7 @@ import orjson
 
 from inference_server import codecs
 from inference_server.client import _sdk
+from inference_server.client._serializers import _torch_module
 from inference_server.codecs import arrow, json, jsonlines, npy, npz
 from inference_server.codecs import csv as csv_codec
 from inference_server.codecs import recordio_protobuf as _record
@@ -234,6 +235,23 @@ class RecordDeserializer(SimpleBaseDeserializer):
 
     def deserialize(self, stream: Any, content_type: str) -> list[_record.Record]:
         return _record.read_records(bytes(read_all(stream)))
+
+
+class TorchTensorDeserializer(SimpleBaseDeserializer):
+    """A ``.npy`` body, whatever its declared type, as a ``torch.Tensor`` sharing the array's memory; PyTorch must be
+    installed (the constructor imports it, as the SDK's does). A body that is not ``.npy`` is a ValueError."""
+
+    def __init__(self, accept: str | tuple[str, ...] = "tensor/pt") -> None:
+        super().__init__(accept=accept)
+        self.numpy_deserializer = NumpyDeserializer()
+        self.convert_npy_to_tensor = _torch_module("TorchTensorDeserializer").from_numpy
+
+    def deserialize(self, stream: Any, content_type: str = "tensor/pt") -> Any:
+        try:
+            array = self.numpy_deserializer.deserialize(stream, npy.MEDIA_TYPE)
+            return self.convert_npy_to_tensor(array)
+        except Exception as exc:
+            raise ValueError(f"Unable to deserialize your data to torch.Tensor: {exc}") from exc
 
 
 class _CodecDeserializer(SimpleBaseDeserializer):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import abc
 import csv
+import importlib
 import io
 import json as stdlib_json
 import sys
@@ -269,6 +270,32 @@ class RecordSerializer(SimpleBaseSerializer):
         if len(data.shape) != 2:
             raise ValueError(f"Expected a 1D or 2D array, but got a {len(data.shape)}D array instead.")
         return io.BytesIO(_record.write_dense(data))
+
+
+class TorchTensorSerializer(SimpleBaseSerializer):
+    """A ``torch.Tensor`` (on the CPU) as ``.npy``, sent as ``tensor/pt`` unless told otherwise; PyTorch must be
+    installed (the constructor imports it, as the SDK's does)."""
+
+    def __init__(self, content_type: str = "tensor/pt") -> None:
+        super().__init__(content_type=content_type)
+        self.torch_tensor = _torch_module("TorchTensorSerializer").Tensor
+        self.numpy_serializer = NumpySerializer()
+
+    def serialize(self, data: Any) -> Any:
+        if isinstance(data, self.torch_tensor):
+            try:
+                return self.numpy_serializer.serialize(data.detach().numpy())
+            except Exception as exc:
+                raise ValueError(f"Unable to serialize your data because: {exc}.") from exc
+        raise ValueError(f"Object of type {type(data)} is not a torch.Tensor")
+
+
+def _torch_module(user: str) -> Any:
+    """PyTorch, imported when a TorchTensor class is made (an ImportError naming it when it is missing)."""
+    try:
+        return importlib.import_module("torch")
+    except ImportError:
+        raise ImportError(f"{user} needs PyTorch: pip install torch") from None
 
 
 class ArrowSerializer(SimpleBaseSerializer):
