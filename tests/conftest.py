@@ -124,6 +124,18 @@ def make_venv(where: Path, *requirements: str) -> Path:
     return python
 
 
+def save_torchscript(module: Any, path: Path) -> None:
+    """Save a torch ``module`` as TorchScript at ``path``, as models for the PyTorch container are saved (PyTorch
+    2.13 deprecates TorchScript: its warnings are silenced here)."""
+    import warnings
+
+    import torch
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        torch.jit.save(torch.jit.script(module), str(path))
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
     with socket.socket() as sock:

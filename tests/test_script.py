@@ -8,6 +8,7 @@ import struct
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -411,3 +412,189 @@ def test_hostile_sparse_records_are_a_400(servers: ServerFactory, tmp_path: Path
         )
         assert (reply.status, "beyond its width" in reply.json()["message"]) == (400, True), (key, width)
     assert server.request("GET", "/ping").status == 200
+
+
+def _healthy(server: Any, deadline: float = 60) -> None:
+    """Wait until /ping says 200 (the model loaded), or fail with the server's log."""
+    end = time.monotonic() + deadline
+    while server.request("GET", "/ping").status != 200:
+        assert time.monotonic() < end, server.output()
+        time.sleep(0.1)
+
+
+#: The PyTorch container's example, as AWS writes it: the network's class in the script, its weights loaded from
+#: model.pth in model_fn (with the context), everything else left to the container.
+PYTORCH_MODEL_FN_ONLY = """
+    import os
+
+    import torch
+
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(3, 2)
+
+        def forward(self, x):
+            return torch.softmax(self.fc(x), dim=-1)
+
+
+    def model_fn(model_dir, context):
+        model = Net()
+        with open(os.path.join(model_dir, "model.pth"), "rb") as f:
+            model.load_state_dict(torch.load(f))
+        return model.to(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+"""
+
+
+def test_a_pytorch_script_left_to_the_pytorch_defaults(servers: ServerFactory, tmp_path: Path) -> None:
+    """--script-defaults pytorch: JSON and CSV become float32 tensors, .npy a tensor, the model runs in eval mode
+    without gradients, and the answers are the prediction's list as JSON, CSV or .npy; bad bodies are 4xx."""
+    import torch
+
+    model_dir = tmp_path / "model"
+    (model_dir / "code").mkdir(parents=True)
+    (model_dir / "code" / "inference.py").write_text(textwrap.dedent(PYTORCH_MODEL_FN_ONLY))
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(3, 2)
+    torch.save({f"fc.{name}": value for name, value in layer.state_dict().items()}, model_dir / "model.pth")
+    rows = [[0.0, 1.0, 2.0], [3.0, -1.0, 0.5]]
+    with torch.no_grad():
+        expected = torch.softmax(layer(torch.tensor(rows)), dim=-1).tolist()
+    env = {"SAGEMAKER_PROGRAM": "inference.py"}
+    server = servers.start("--model-dir", str(model_dir), "--script-defaults", "pytorch", plugins=[], env=env)
+    content_type, body = _invoke(server.port, json.dumps(rows).encode(), "application/json")
+    assert content_type == "application/json"
+    assert np.allclose(json.loads(body), expected)
+    content_type, body = _invoke(server.port, b"0,1,2\n3,-1,0.5", "text/csv", "text/csv")
+    assert content_type == "text/csv"
+    assert np.allclose(np.loadtxt(io.BytesIO(body), delimiter=","), expected)
+    npy_body = io.BytesIO()
+    np.save(npy_body, np.array(rows, dtype=np.float32))
+    content_type, body = _invoke(server.port, npy_body.getvalue(), "application/x-npy", "application/x-npy")
+    answer = np.load(io.BytesIO(body))
+    assert (content_type, answer.dtype) == ("application/x-npy", np.float64)  # a list, saved: as the container
+    assert np.allclose(answer, expected)
+    for body, content_type, status in [
+        (b'["a"]', "application/json", 400),
+        (b"[[1, 2], [3]]", "application/json", 400),
+        (b"x", "text/plain", 415),
+    ]:
+        assert server.request("POST", "/invocations", body, {"Content-Type": content_type}).status == status
+    headers = {"Content-Type": "application/json", "Accept": "image/png"}
+    assert server.request("POST", "/invocations", b"[[1, 2, 3]]", headers).status == 406
+    assert server.request("GET", "/ping").status == 200
+
+
+def test_a_torchscript_model_is_served_without_a_script(servers: ServerFactory, tmp_path: Path) -> None:
+    """--script-defaults pytorch with no inference.py serves model.pt (TorchScript) as the container does; our
+    client's TorchTensor classes send and receive tensors as .npy."""
+    import torch
+
+    from inference_server.client import Predictor, TorchTensorDeserializer, TorchTensorSerializer
+    from tests.conftest import save_torchscript
+
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(3, 2)
+    save_torchscript(layer, tmp_path / "model.pt")
+    server = servers.start("--model-dir", str(tmp_path), "--script-defaults", "pytorch", plugins=[])
+    _healthy(server)
+    data = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+    with Predictor(
+        f"http://127.0.0.1:{server.port}",
+        TorchTensorSerializer(content_type="application/x-npy"),
+        TorchTensorDeserializer(accept="application/x-npy"),
+    ) as predictor:
+        answer = predictor.predict(data)
+    with torch.no_grad():
+        assert torch.allclose(answer.float(), layer(data))
+    assert "defaults:pytorch" in server.output()
+
+
+def test_a_pytorch_model_directory_without_one_model_file_is_a_503_naming_them(
+    servers: ServerFactory, tmp_path: Path
+) -> None:
+    """No model.pt and not exactly one .pt/.pth file: the load fails, /ping is 503 and the invocation says why."""
+    server = servers.start("--model-dir", str(tmp_path), "--script-defaults", "pytorch", plugins=[])
+    reply = server.request("POST", "/invocations", b"[1]", {"Content-Type": "application/json"})
+    assert (reply.status, "Exactly one .pth or .pt file" in reply.json()["message"]) == (503, True)
+
+
+@pytest.fixture(scope="module")
+def hf_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny text classifier saved as transformers saves one (config.json naming BertForSequenceClassification,
+    safetensors weights, a word-level tokenizer), made here: nothing is downloaded."""
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import BertConfig, BertForSequenceClassification, PreTrainedTokenizerFast
+
+    where = tmp_path_factory.mktemp("hf") / "model"
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "movie", "was", "good", "bad"]
+    tokenizer = Tokenizer(models.WordLevel({word: i for i, word in enumerate(words)}, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    special = {"unk_token": "[UNK]", "pad_token": "[PAD]", "cls_token": "[CLS]", "sep_token": "[SEP]"}
+    PreTrainedTokenizerFast(tokenizer_object=tokenizer, mask_token="[MASK]", **special).save_pretrained(where)
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=len(words),
+        hidden_size=8,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=16,
+        max_position_embeddings=16,
+        id2label={0: "NEGATIVE", 1: "POSITIVE"},
+        label2id={"NEGATIVE": 0, "POSITIVE": 1},
+    )
+    BertForSequenceClassification(config).save_pretrained(where)
+    return where
+
+
+def test_a_hugging_face_model_is_served_without_a_script(servers: ServerFactory, hf_model_dir: Path) -> None:
+    """--script-defaults huggingface with no inference.py and no HF_TASK: the task comes from config.json, and
+    {"inputs", "parameters"} in JSON or an inputs column in CSV give the pipeline's answer as compact JSON or CSV
+    records, through boto3; what the pipeline cannot take is a 400."""
+    from transformers import pipeline
+
+    classify = pipeline("text-classification", model=str(hf_model_dir), tokenizer=str(hf_model_dir), device=-1)
+    env = {"HF_HUB_OFFLINE": "1"}
+    server = servers.start("--model-dir", str(hf_model_dir), "--script-defaults", "huggingface", plugins=[], env=env)
+    _healthy(server)
+    content_type, body = _invoke(server.port, b'{"inputs": "the movie was good"}', "application/json")
+    expected = classify("the movie was good")
+    assert content_type == "application/json"
+    assert json.loads(body)[0]["label"] == expected[0]["label"]
+    assert json.loads(body)[0]["score"] == pytest.approx(expected[0]["score"], rel=1e-5)
+    payload = {"inputs": ["good", "bad"], "parameters": {"top_k": 2}}
+    _, body = _invoke(server.port, json.dumps(payload).encode(), "application/json")
+    assert [len(labels) for labels in json.loads(body)] == [2, 2]
+    content_type, body = _invoke(server.port, b"inputs\nthe movie was good\nbad\n", "text/csv", "text/csv")
+    assert content_type == "text/csv"
+    assert body.decode().splitlines()[0] == "label,score"
+    assert len(body.decode().splitlines()) == 3
+    for bad, content_type in [(b'["good"]', "application/json"), (b"1,2\n", "text/csv"), (b"{", "application/json")]:
+        reply = server.request("POST", "/invocations", bad, {"Content-Type": content_type})
+        assert reply.status == 400, (bad, reply.body)
+    assert server.request("GET", "/ping").status == 200
+
+
+#: A Hugging Face script that keeps the container's model_fn and output_fn and brings its own predict_fn.
+HF_PREDICT_FN_ONLY = """
+    def predict_fn(data, model, context):
+        best = model(data["inputs"])[0]
+        return {"label": best["label"], "model_dir": context.system_properties["model_dir"]}
+"""
+
+
+def test_a_hugging_face_script_with_only_predict_fn(servers: ServerFactory, hf_model_dir: Path, tmp_path: Path) -> None:
+    """A script defining predict_fn alone gets the pipeline from the container's model_fn and its input and output
+    handling; HF_TASK names the task."""
+    script = tmp_path / "inference.py"
+    script.write_text(textwrap.dedent(HF_PREDICT_FN_ONLY))
+    env = {"HF_HUB_OFFLINE": "1", "HF_TASK": "text-classification"}
+    args = ("--model-dir", str(hf_model_dir), "--script", str(script), "--script-defaults", "huggingface")
+    server = servers.start(*args, plugins=[], env=env)
+    _healthy(server)
+    content_type, body = _invoke(server.port, b'{"inputs": "bad"}', "application/json", "*/*")
+    assert content_type == "application/json"
+    assert json.loads(body)["model_dir"] == str(hf_model_dir)
+    assert json.loads(body)["label"] in ("POSITIVE", "NEGATIVE")

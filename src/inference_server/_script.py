@@ -13,19 +13,17 @@ calls them:
 - ``output_fn`` and ``transform_fn`` return the body (bytes or str, sent as ``accept``) or ``(body, content_type)``;
 - an exception with an integer ``status_code`` (the toolkit's ``BaseInferenceToolkitError`` and its kind) answers
   that status with its ``message``;
-- a function the script lacks is ours (the built-in hooks), or with ``--script-defaults sklearn`` or ``xgboost``
-  that container's default (below); ``model_fn`` the script must define, as both containers require too.
+- a function the script lacks is ours (the built-in hooks), or with ``--script-defaults sklearn``, ``xgboost``,
+  ``pytorch`` or ``huggingface`` that container's default (``_containers``); ``model_fn`` the script must define
+  unless the container has a default for it (PyTorch, Hugging Face), and then no script is needed at all.
 """
 
 from __future__ import annotations
 
 import contextvars
-import csv
 import functools
 import importlib.util
 import inspect
-import io
-import json
 import logging
 import os
 import subprocess
@@ -36,15 +34,13 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-import numpy as np
 import pluggy
 import werkzeug.exceptions
 from werkzeug.datastructures import MIMEAccept
 
-from inference_server import _plugins, codecs, default_plugin
+from inference_server import _containers, _plugins, default_plugin
 from inference_server._hookspecs import plugin_hook
 from inference_server._settings import Settings
-from inference_server.codecs import npy
 from inference_server.errors import PluginError
 
 logger = logging.getLogger("inference_server")
@@ -178,188 +174,33 @@ class _Deferred:
         self.data, self.content_type, self.model = data, content_type, None
 
 
-def sklearn_input_fn(input_data: str | bytes, content_type: str) -> np.ndarray:
-    """The scikit-learn container's default: JSON and CSV as float32 arrays, ``.npy`` as it is."""
-    bare = content_type.split(";", 1)[0].strip().lower()
-    text = input_data if isinstance(input_data, str) else None
-    try:
-        if bare == "application/json" and text is not None:
-            return np.array(json.loads(text)).astype(np.float32)
-        if bare == "text/csv" and text is not None:
-            return np.genfromtxt(io.StringIO(text), delimiter=",").astype(np.float32)
-    except (ValueError, RecursionError) as exc:  # the client's body: not numbers, ragged, nested beyond reason
-        raise werkzeug.exceptions.BadRequest(f"the {bare} body is not an array of numbers: {exc}") from None
-    if bare == npy.MEDIA_TYPE:
-        array: np.ndarray = codecs.loads(
-            input_data if isinstance(input_data, bytes) else input_data.encode(), npy.MEDIA_TYPE
-        )
-        return array
-    raise werkzeug.exceptions.UnsupportedMediaType(
-        f"Content type {content_type} is not supported by the scikit-learn defaults (JSON, CSV, NPY): implement "
-        "input_fn to deserialize it"
-    )
-
-
-def sklearn_predict_fn(input_data: Any, model: Any) -> Any:
-    """The scikit-learn container's default: ``model.predict``."""
-    return model.predict(input_data)
-
-
-def sklearn_output_fn(prediction: Any, accept: str) -> tuple[bytes | str, str]:
-    """The scikit-learn (and XGBoost) container's default: JSON (``json.dumps`` of ``tolist()``), CSV
-    (``np.savetxt`` with ``%s``) or ``.npy``, the first of ``accept`` it can write."""
-    for wanted in (part.split(";", 1)[0].strip().lower() for part in accept.split(",")):
-        if wanted == "application/json":
-            return json.dumps(np.asarray(prediction).tolist()), wanted
-        if wanted == "text/csv":
-            out = io.StringIO()
-            np.savetxt(out, np.asarray(prediction), delimiter=",", fmt="%s")
-            return out.getvalue(), wanted
-        if wanted == npy.MEDIA_TYPE:
-            return codecs.dumps(np.asarray(prediction), npy.MEDIA_TYPE), wanted
-    raise werkzeug.exceptions.NotAcceptable(
-        f"Accept {accept} is not supported by the container defaults (application/json, text/csv, "
-        "application/x-npy): implement output_fn to serialize the prediction"
-    )
-
-
-def _xgboost() -> Any:
-    try:
-        import xgboost
-    except ImportError:
-        raise ImportError("--script-defaults xgboost needs XGBoost: pip install xgboost (or xgboost-cpu)") from None
-    return xgboost
-
-
-def _csv_rows(text: str) -> np.ndarray:
-    """The XGBoost container's CSV: the delimiter sniffed from the first line, empty fields as NaN, float64."""
-    try:
-        delimiter = csv.Sniffer().sniff(text.split("\n")[0][:512]).delimiter
-    except csv.Error:  # one column: nothing to sniff (the container fails there; a comma is what was meant)
-        delimiter = ","
-    if delimiter.isalnum():
-        delimiter = ","
-    rows = [["nan" if field == "" else field for field in line.split(delimiter)] for line in text.split("\n")]
-    try:
-        return np.array(rows).astype(None)
-    except ValueError as exc:
-        raise werkzeug.exceptions.BadRequest(f"the CSV body is not numeric rows of equal length: {exc}") from None
-
-
-def _recordio_rows(body: bytes) -> Any:
-    """RecordIO-protobuf's ``values`` features as rows: dense tensors stacked, sparse ones (keys and shape) as CSR."""
-    import scipy.sparse  # type: ignore[import-untyped]
-
-    from inference_server.codecs import recordio_protobuf as _record
-
-    try:
-        records = _record.read_records(body)
-    except ValueError as exc:
-        raise werkzeug.exceptions.BadRequest(str(exc)) from None
-    rows: list[_record.Tensor] = []
-    for record in records:
-        value = record.features.get("values")
-        kinds = (value.float32_tensor, value.float64_tensor, value.int32_tensor) if value is not None else ()
-        tensor = next((kind for kind in kinds if kind.values or kind.shape), None)  # a sparse row may be all 0
-        if tensor is None:
-            raise werkzeug.exceptions.BadRequest("a RecordIO-protobuf record has no 'values' feature")
-        rows.append(tensor)
-    if all(not tensor.keys for tensor in rows):
-        return np.array([tensor.values for tensor in rows], dtype=np.float64)
-    width = max(tensor.shape[0] if tensor.shape else max(tensor.keys) + 1 for tensor in rows)
-    if width >= 2**31 or any(key >= width for tensor in rows for key in tensor.keys):
-        raise werkzeug.exceptions.BadRequest(
-            f"a sparse RecordIO-protobuf record has a key or shape beyond its width ({width} columns, at most 2**31)"
-        )
-    data = [value for tensor in rows for value in tensor.values]
-    columns = [key for tensor in rows for key in tensor.keys]
-    pointers = np.cumsum(np.array([0] + [len(tensor.keys) for tensor in rows]))
-    return scipy.sparse.csr_matrix((data, columns, pointers), shape=(len(rows), width))
-
-
-def _libsvm_rows(text: str) -> Any:
-    """LibSVM lines (``<label> <index>:<value> ...``, ``qid:`` and ``#`` comments ignored) as a CSR matrix; the
-    labels are dropped, as for prediction. A malformed line is a 400 naming it."""
-    import scipy.sparse
-
-    data: list[float] = []
-    columns: list[int] = []
-    pointers = [0]
-    for number, line in enumerate(text.splitlines(), 1):
-        fields = line.split("#", 1)[0].split()
-        if not fields:
-            continue
-        for field in fields[1:]:
-            index, colon, value = field.partition(":")
-            if index == "qid":
-                continue
-            try:
-                column, number_value = int(index), float(value)
-            except ValueError:
-                column, number_value = -1, 0.0
-            if not colon or not 0 <= column < 2**31:
-                raise werkzeug.exceptions.BadRequest(f"LibSVM line {number}: {field!r} is not <index>:<value>")
-            columns.append(column)
-            data.append(number_value)
-        pointers.append(len(columns))
-    width = max(columns) + 1 if columns else 0
-    return scipy.sparse.csr_matrix((data, columns, pointers), shape=(len(pointers) - 1, width))
-
-
-def xgboost_input_fn(input_data: str | bytes, content_type: str) -> Any:
-    """The XGBoost container's default: CSV, LibSVM and RecordIO-protobuf bodies as a ``DMatrix``."""
-    xgboost = _xgboost()
-    bare = content_type.split(";", 1)[0].strip().lower()
-    if bare == "text/csv":
-        text = input_data if isinstance(input_data, str) else input_data.decode("utf-8")
-        return xgboost.DMatrix(_csv_rows(text))
-    if bare in ("text/libsvm", "text/x-libsvm"):
-        try:
-            text = input_data if isinstance(input_data, str) else input_data.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise werkzeug.exceptions.BadRequest(f"the LibSVM body is not UTF-8: {exc}") from None
-        return xgboost.DMatrix(_libsvm_rows(text))
-    if bare == "application/x-recordio-protobuf":
-        return xgboost.DMatrix(_recordio_rows(input_data if isinstance(input_data, bytes) else input_data.encode()))
-    raise werkzeug.exceptions.UnsupportedMediaType(
-        f"Content type {content_type} is not supported by the XGBoost defaults (text/csv, text/libsvm, "
-        "application/x-recordio-protobuf): implement input_fn to deserialize it"
-    )
-
-
-def xgboost_predict_fn(input_data: Any, model: Any) -> Any:
-    """The XGBoost container's default: ``model.predict(data, validate_features=False)``."""
-    return model.predict(input_data, validate_features=False)
-
-
-#: ``--script-defaults``: what stands in for the functions a script does not define.
-DEFAULTS: dict[str, dict[str, Callable[..., Any]]] = {
-    "inference-server": {},
-    "sklearn": {"input_fn": sklearn_input_fn, "predict_fn": sklearn_predict_fn, "output_fn": sklearn_output_fn},
-    "xgboost": {"input_fn": xgboost_input_fn, "predict_fn": xgboost_predict_fn, "output_fn": sklearn_output_fn},
-}
-
-
 class ScriptPlugin:
     """The script's functions as inference-server hooks (those the script defines, and ``defaults`` for the rest
-    unless it defines transform_fn)."""
+    unless it defines transform_fn); with no script (``module`` None), the container's defaults alone."""
 
-    def __init__(self, module: ModuleType, model_dir: str, defaults: str = "inference-server") -> None:
+    def __init__(self, module: ModuleType | None, model_dir: str, defaults: str = "inference-server") -> None:
         self.model_dir = model_dir
+        where = module.__file__ if module is not None else f"--script-defaults {defaults}"
         functions = {name: getattr(module, name) for name in FUNCTIONS if callable(getattr(module, name, None))}
         if "transform_fn" in functions and {"input_fn", "predict_fn", "output_fn"} & set(functions):
             raise PluginError(
-                f"{module.__file__}: transform_fn cannot be used with input_fn, predict_fn or output_fn (as in the "
+                f"{where}: transform_fn cannot be used with input_fn, predict_fn or output_fn (as in the "
                 "SageMaker inference toolkit): define transform_fn alone, or the other three"
             )
+        container = _containers.DEFAULTS[defaults]
+        if "transform_fn" in functions:
+            container = {name: function for name, function in container.items() if name == "model_fn"}
+        functions = {**container, **functions}
         if "model_fn" not in functions:
-            raise PluginError(f"{module.__file__} defines no model_fn: define model_fn(model_dir) to load the model")
-        if "transform_fn" not in functions:
-            functions = {**DEFAULTS[defaults], **functions}
+            raise PluginError(f"{where} defines no model_fn: define model_fn(model_dir) to load the model")
         arity = {"model_fn": 1, "input_fn": 2, "predict_fn": 2, "output_fn": 2, "transform_fn": 4}
         self.context = {name: _takes_context(function, arity[name]) for name, function in functions.items()}
         self.functions = functions
-        self.default_accept = os.environ.get("SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT") or "application/json"
+        self.default_accept = (
+            _containers.FIXED_ACCEPT.get(defaults)
+            or os.environ.get("SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT")
+            or "application/json"
+        )
         self.model_fn = plugin_hook(lambda model_dir: self._model_fn(model_dir))
         # input_fn starts each request's context, so it is ours whenever a later function takes the context
         if functions.keys() & {"input_fn", "transform_fn"} or any(self.context.values()):
@@ -443,13 +284,16 @@ def _load(path: Path) -> ModuleType:
 
 
 def install(pm: pluggy.PluginManager, settings: Settings) -> Path | None:
-    """Register the script ``settings`` point to as a plugin of ``pm`` (once), and return its path."""
+    """Register the script ``settings`` point to as a plugin of ``pm`` (once), and return its path. With no script,
+    a container whose defaults load the model (``--script-defaults pytorch`` or ``huggingface``) is registered alone,
+    as the container serves a model directory without ``inference.py``."""
     path = find(settings)
-    if path is None:
+    if path is None and "model_fn" not in _containers.DEFAULTS[settings.script_defaults]:
         return None
-    name = f"script:{path}"
+    name = f"script:{path}" if path is not None else f"defaults:{settings.script_defaults}"
     with _lock:
         if pm.get_plugin(name) is None:
-            plugin = ScriptPlugin(_load(path), settings.model_dir, settings.script_defaults)
+            module = _load(path) if path is not None else None
+            plugin = ScriptPlugin(module, settings.model_dir, settings.script_defaults)
             _plugins.register(pm, plugin, name=name)
     return path

@@ -91,7 +91,7 @@ DEFAULT_HOOKS = ("codecs", "passthrough")
 DEFAULT_HOOKS_ENV = "INFERENCE_SERVER_DEFAULT_HOOKS"
 
 
-SCRIPT_DEFAULTS = ("inference-server", "sklearn", "xgboost")
+SCRIPT_DEFAULTS = ("inference-server", "sklearn", "xgboost", "pytorch", "huggingface")
 
 
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
@@ -285,10 +285,12 @@ class Settings:
         "inference-server",
         "INFERENCE_SERVER_SCRIPT_DEFAULTS",
         _one_of(SCRIPT_DEFAULTS),
-        "what stands in for the input_fn, predict_fn and output_fn a script does not define: inference-server (the "
-        "built-in hooks), sklearn (the SageMaker scikit-learn container's defaults: JSON and CSV as float32 "
-        "arrays, model.predict, json.dumps or np.savetxt answers) or xgboost (the XGBoost container's: CSV, LibSVM "
-        "and RecordIO-protobuf as a DMatrix, model.predict, the same answers)",
+        "what stands in for the functions a script does not define: inference-server (the built-in hooks), sklearn "
+        "(the SageMaker scikit-learn container's defaults: JSON and CSV as float32 arrays, model.predict, json.dumps "
+        "or np.savetxt answers), xgboost (the XGBoost container's: CSV, LibSVM and RecordIO-protobuf as a DMatrix, "
+        "model.predict, the same answers), pytorch (the PyTorch container's: a TorchScript model.pt, tensors in, "
+        "lists out) or huggingface (the Hugging Face container's: a transformers pipeline for HF_TASK, "
+        '{"inputs", "parameters"} in, JSON out); with pytorch or huggingface no script is needed',
         choices=SCRIPT_DEFAULTS,
     )
     install_requirements: bool = _variable(
