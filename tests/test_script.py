@@ -598,3 +598,38 @@ def test_a_hugging_face_script_with_only_predict_fn(servers: ServerFactory, hf_m
     assert content_type == "application/json"
     assert json.loads(body)["model_dir"] == str(hf_model_dir)
     assert json.loads(body)["label"] in ("POSITIVE", "NEGATIVE")
+
+
+PRE_AND_WARMUP = """
+    import os
+
+    calls = []
+
+
+    def pre_model_fn(model_dir):
+        calls.append("pre_model_fn " + os.path.basename(model_dir))
+
+
+    def model_fn(model_dir):
+        calls.append("model_fn")
+        return {"warm": False}
+
+
+    def model_warmup_fn(model_dir, model, context):
+        model["warm"] = context.system_properties["model_dir"] == model_dir
+        calls.append("model_warmup_fn")
+
+
+    def transform_fn(model, request_body, content_type, accept):
+        return " ".join(calls) + f" warm={model['warm']}", "text/plain"
+"""
+
+
+def test_pre_model_fn_and_model_warmup_fn_run_around_model_fn(servers: ServerFactory, tmp_path: Path) -> None:
+    """The toolkit's pre_model_fn runs before model_fn and model_warmup_fn after it, with the loaded model."""
+    model_dir = _model_dir(tmp_path, PRE_AND_WARMUP)
+    server = servers.start("--model-dir", str(model_dir), plugins=[], env={"SAGEMAKER_PROGRAM": "inference.py"})
+    assert _invoke(server.port, b"x", "text/plain") == (
+        "text/plain",
+        b"pre_model_fn model model_fn model_warmup_fn warm=True",
+    )

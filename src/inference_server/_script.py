@@ -7,6 +7,8 @@ calls them:
 - ``model_fn(model_dir[, context])``, ``input_fn(input_data, content_type[, context])``,
   ``predict_fn(data, model[, context])``, ``output_fn(prediction, accept[, context])``, or
   ``transform_fn(model, input_data, content_type, accept[, context])`` instead of the last three (not both);
+  ``pre_model_fn(model_dir[, context])`` before ``model_fn`` and ``model_warmup_fn(model_dir, model[, context])``
+  after it, when defined;
 - JSON and CSV bodies reach ``input_fn`` and ``transform_fn`` as ``str`` (UTF-8), other bodies as ``bytes``;
   ``accept`` is the request's ``Accept``, or ``SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT`` (else ``application/json``)
   when it is missing or ``*/*``;
@@ -47,7 +49,7 @@ logger = logging.getLogger("inference_server")
 
 #: The bodies the toolkit hands to the script as text.
 TEXT_TYPES = ("application/json", "text/csv")
-FUNCTIONS = ("model_fn", "input_fn", "predict_fn", "output_fn", "transform_fn")
+FUNCTIONS = ("model_fn", "input_fn", "predict_fn", "output_fn", "transform_fn", "pre_model_fn", "model_warmup_fn")
 _lock = threading.Lock()
 
 
@@ -194,6 +196,7 @@ class ScriptPlugin:
         if "model_fn" not in functions:
             raise PluginError(f"{where} defines no model_fn: define model_fn(model_dir) to load the model")
         arity = {"model_fn": 1, "input_fn": 2, "predict_fn": 2, "output_fn": 2, "transform_fn": 4}
+        arity |= {"pre_model_fn": 1, "model_warmup_fn": 2}
         self.context = {name: _takes_context(function, arity[name]) for name, function in functions.items()}
         self.functions = functions
         self.default_accept = (
@@ -222,7 +225,12 @@ class ScriptPlugin:
             raise error from exc
 
     def _model_fn(self, model_dir: str) -> Any:
-        model = self._call("model_fn", model_dir, context=Context(model_dir))
+        context = Context(model_dir)
+        if "pre_model_fn" in self.functions:
+            self._call("pre_model_fn", model_dir, context=context)
+        model = self._call("model_fn", model_dir, context=context)
+        if "model_warmup_fn" in self.functions:
+            self._call("model_warmup_fn", model_dir, model, context=context)
         return _NO_MODEL if model is None else model  # the toolkit allows None; for a plugin it is a failed load
 
     def _input_fn(self, input_data: Any, content_type: str) -> Any:
