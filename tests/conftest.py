@@ -291,7 +291,9 @@ class ServerFactory:
         self.servers: list[Server] = []
 
     def environment(self, plugins: list[str] | None, env: dict[str, str] | None) -> dict[str, str]:
-        environment = {k: v for k, v in os.environ.items() if not k.startswith(("SAGEMAKER_", "INFERENCE_SERVER_"))}
+        environment = {
+            k: v for k, v in os.environ.items() if not k.startswith(("SAGEMAKER_", "INFERENCE_SERVER_", "HF_"))
+        }
         paths = [str(self.plugin_site.path), environment.get("PYTHONPATH", "")]
         environment["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
         environment["INFERENCE_SERVER_PLUGINS"] = ",".join(self.plugin_site.names if plugins is None else plugins)

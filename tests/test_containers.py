@@ -318,7 +318,8 @@ def test_huggingface_task_from_the_environment_or_the_architecture(
 ) -> None:
     """HF_TASK wins; else config.json's architecture names the task (TAPAS before plain question answering); else
     an error says to set HF_TASK, or that diffusers pipelines are not provided."""
-    monkeypatch.delenv("HF_TASK", raising=False)
+    monkeypatch.setenv("HF_TASK", "")  # recorded first, so HF_TASK is restored as it was (_hf_task sets it)
+    monkeypatch.delenv("HF_TASK")
     with pytest.raises(ValueError, match="set HF_TASK"):
         _containers._hf_task(str(tmp_path))
     (tmp_path / "model_index.json").write_text("{}")
