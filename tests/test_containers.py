@@ -75,6 +75,17 @@ def _same(ours: Any, theirs: Any) -> None:
         assert ours == theirs
 
 
+def _assert_decoded_alike(ours: Callable[[], Any], theirs: Callable[[], Any]) -> None:
+    """The same value from both input_fns, or both refuse (ours with a 400 or 415)."""
+    (our_kind, our_result), (their_kind, their_result) = _outcome(ours), _outcome(theirs)
+    assert our_kind == their_kind, (our_result, their_result)
+    if our_kind == "error":
+        assert isinstance(our_result, werkzeug.exceptions.HTTPException), our_result
+        assert our_result.code in (400, 415)
+    else:
+        _same(our_result, their_result)
+
+
 def _npy(array: np.ndarray) -> bytes:
     buffer = io.BytesIO()
     np.save(buffer, array)
@@ -113,14 +124,10 @@ def test_pytorch_input_fn_matches_the_toolkit(toolkits: None, body: str | bytes,
     it refuses we refuse with a 4xx."""
     from sagemaker_pytorch_serving_container.default_pytorch_inference_handler import DefaultPytorchInferenceHandler
 
-    theirs = _outcome(lambda: DefaultPytorchInferenceHandler().default_input_fn(body, content_type))
-    ours = _outcome(lambda: _containers.pytorch_input_fn(body, content_type))
-    assert ours[0] == theirs[0], (ours, theirs)
-    if ours[0] == "error":
-        assert isinstance(ours[1], werkzeug.exceptions.HTTPException), ours[1]
-        assert ours[1].code in (400, 415)
-    else:
-        _same(ours[1], theirs[1])
+    _assert_decoded_alike(
+        lambda: _containers.pytorch_input_fn(body, content_type),
+        lambda: DefaultPytorchInferenceHandler().default_input_fn(body, content_type),
+    )
 
 
 def test_difference_pytorch_json_scalars_and_mixed_csv_columns(toolkits: None) -> None:
@@ -251,14 +258,10 @@ def test_huggingface_input_fn_matches_the_toolkit(toolkits: None, body: str | by
     as bytes, as the Hugging Face toolkit decodes them; what it refuses we refuse with a 4xx."""
     from sagemaker_huggingface_inference_toolkit import decoder_encoder
 
-    theirs = _outcome(lambda: decoder_encoder.decode(body, content_type))
-    ours = _outcome(lambda: _containers.huggingface_input_fn(body, content_type))
-    assert ours[0] == theirs[0], (ours, theirs)
-    if ours[0] == "error":
-        assert isinstance(ours[1], werkzeug.exceptions.HTTPException), ours[1]
-        assert ours[1].code in (400, 415)
-    else:
-        _same(ours[1], theirs[1])
+    _assert_decoded_alike(
+        lambda: _containers.huggingface_input_fn(body, content_type),
+        lambda: decoder_encoder.decode(body, content_type),
+    )
 
 
 @pytest.mark.parametrize(
