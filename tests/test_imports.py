@@ -43,6 +43,8 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     f"{OURS}.transform": (f"{OURS}._app", f"{OURS}.server", f"{OURS}.cli", *SERVERS),
     f"{OURS}.testing": (f"{OURS}.server", f"{OURS}.cli", *SERVERS),
     f"{OURS}.server": (f"{OURS}.cli",),
+    # the frameworks a container's defaults use are imported when a model needs them, never with our modules
+    OURS: ("torch", "transformers", "xgboost", "PIL"),
 }
 #: The chosen backend alone is imported: importing one never loads the other, and the package loads neither.
 EXACT: dict[str, tuple[str, ...]] = {
