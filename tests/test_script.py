@@ -262,7 +262,7 @@ def test_missing_functions_fall_back_to_the_scikit_learn_defaults(servers: Serve
     assert server.request("POST", "/invocations", b"[[1, 1]]", headers).status == 406
     for body, content_type in [(b"[[1, 2], [3]]", "application/json"), (b"{bad", "application/json"),
                                (b"[" * 100_000, "application/json"), (b"1,2\n3", "text/csv"),
-                               (b'["a", "b"]', "application/json")]:  # fmt: skip
+                               (b'["a", "b"]', "application/json"), (b'{"a": 1}', "application/json")]:  # fmt: skip
         reply = server.request("POST", "/invocations", body, {"Content-Type": content_type})
         assert (reply.status, "is not an array of numbers" in reply.json()["message"]) == (400, True), body[:20]
     assert server.request("GET", "/ping").status == 200

@@ -101,7 +101,7 @@ def _savetxt(prediction: Any) -> str:
 
 def _npy(prediction: Any) -> bytes:
     """``np.save``'s bytes, never pickling (an object array is refused)."""
-    return codecs.dumps(np.ascontiguousarray(prediction), npy.MEDIA_TYPE)
+    return codecs.dumps(np.asarray(prediction), npy.MEDIA_TYPE)
 
 
 #: The SageMaker inference toolkit's encoders (``sagemaker_inference.encoder``), shared by three containers.
@@ -134,7 +134,7 @@ def sklearn_input_fn(input_data: str | bytes, content_type: str) -> np.ndarray:
         array = _numbers(input_data, bare)
         try:
             return array.astype(np.float32)
-        except ValueError as exc:
+        except (TypeError, ValueError) as exc:  # strings, objects
             raise werkzeug.exceptions.BadRequest(f"the {bare} body is not an array of numbers: {exc}") from None
     if bare == npy.MEDIA_TYPE:
         loaded: np.ndarray = codecs.loads(_as_bytes(input_data), npy.MEDIA_TYPE)
