@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -97,3 +99,15 @@ def test_close_removes_the_run_directory(supervisor: _state.Supervisor) -> None:
     assert not path.exists()
     assert _state.RUN_DIR_ENV not in os.environ
     supervisor.close()  # again: nothing happens
+
+
+def test_a_worker_whose_server_died_before_it_attached_exits(supervisor: _state.Supervisor) -> None:
+    """A worker that attaches after its serving process died (kill -9 while it was starting) exits at once, instead
+    of taking init for its parent and serving on as an orphan."""
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    code = "import time; from inference_server.server import _state; _state.Worker.attach(print); time.sleep(30)"
+    env = {**os.environ, _state.SERVING_PID_ENV: str(dead.pid)}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=10)
+    assert done.returncode == 1
+    assert f"the serving process {dead.pid} is gone" in done.stderr

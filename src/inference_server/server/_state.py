@@ -31,6 +31,8 @@ from pathlib import Path
 logger = logging.getLogger("inference_server")
 
 RUN_DIR_ENV = "INFERENCE_SERVER_RUN_DIR"
+#: The serving process's pid, for its workers: one that starts after the serving process died knows it at once.
+SERVING_PID_ENV = "INFERENCE_SERVER_SERVING_PID"
 #: Seconds between a worker's checks that the serving process is still its parent.
 PARENT_POLL = 0.5
 _COUNT = struct.Struct("<q")
@@ -53,6 +55,7 @@ class Supervisor:
         (self.path / "control").write_bytes(bytes(_CONTROL_SIZE))
         self._control = _map(self.path / "control", write=True)
         os.environ[RUN_DIR_ENV] = str(self.path)
+        os.environ[SERVING_PID_ENV] = str(os.getpid())
 
     @property
     def draining(self) -> bool:
@@ -96,6 +99,7 @@ class Supervisor:
             return
         self._control.close()
         os.environ.pop(RUN_DIR_ENV, None)
+        os.environ.pop(SERVING_PID_ENV, None)
         shutil.rmtree(self.path, ignore_errors=True)
 
 
@@ -116,8 +120,10 @@ class Worker:
         self.recycling = False
         self._ready = path / f"ready-{os.getpid()}"
         self._stop = path / f"stop-{os.getpid()}"
-        self._parent = os.getppid()
-        threading.Thread(target=self._watch_parent, name="parent-watch", daemon=True).start()
+        # the serving process as it named itself: os.getppid() here would be init's pid if it died before now
+        self._parent = int(os.environ.get(SERVING_PID_ENV) or os.getppid())
+        if self._parent != os.getpid():  # a worker in the serving process itself (tests) has no parent to watch
+            threading.Thread(target=self._watch_parent, name="parent-watch", daemon=True).start()
 
     @classmethod
     def attach(cls, recycle: Callable[[str], None], max_requests: int = 0, jitter: int = 0) -> Worker | None:
