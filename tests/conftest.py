@@ -124,6 +124,14 @@ def make_venv(where: Path, *requirements: str) -> Path:
     return python
 
 
+def outcome(call: Callable[[], Any]) -> tuple[str, Any]:
+    """``("value", result)`` of ``call()``, or ``("error", exception)``: two implementations compared side by side."""
+    try:
+        return "value", call()
+    except Exception as exc:
+        return "error", exc
+
+
 def save_torchscript(module: Any, path: Path) -> None:
     """Save a torch ``module`` as TorchScript at ``path``, as models for the PyTorch container are saved (PyTorch
     2.13 deprecates TorchScript: its warnings are silenced here)."""

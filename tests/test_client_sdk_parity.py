@@ -24,6 +24,7 @@ import sagemaker.deserializers
 import sagemaker.serializers
 
 from inference_server import client
+from tests.conftest import outcome
 
 Make = Callable[[], Any]
 
@@ -32,13 +33,6 @@ def _npy(array: np.ndarray) -> bytes:
     buffer = io.BytesIO()
     np.save(buffer, array)
     return buffer.getvalue()
-
-
-def _outcome(call: Callable[[], Any]) -> tuple[str, Any]:
-    try:
-        return "value", call()
-    except Exception as exc:
-        return "error", exc
 
 
 def _assert_same(ours: Any, sdk: Any) -> None:
@@ -59,7 +53,7 @@ def _assert_same(ours: Any, sdk: Any) -> None:
 
 
 def _assert_parity(ours: Callable[[], Any], sdk: Callable[[], Any]) -> None:
-    (our_kind, our_result), (sdk_kind, sdk_result) = _outcome(ours), _outcome(sdk)
+    (our_kind, our_result), (sdk_kind, sdk_result) = outcome(ours), outcome(sdk)
     assert our_kind == sdk_kind, (our_result, sdk_result)
     if sdk_kind == "error":
         assert isinstance(our_result, type(sdk_result)), (our_result, sdk_result)

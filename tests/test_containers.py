@@ -21,7 +21,7 @@ import werkzeug.exceptions
 from PIL import Image
 
 from inference_server import _containers
-from tests.conftest import pip, save_torchscript
+from tests.conftest import outcome, pip, save_torchscript
 
 TOOLKITS = (
     "sagemaker-pytorch-inference==2.0.25",  # its sdist carries the sagemaker_inference toolkit it was built with
@@ -49,13 +49,6 @@ def toolkits(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     sys.path.remove(str(site))
 
 
-def _outcome(call: Callable[[], Any]) -> tuple[str, Any]:
-    try:
-        return "value", call()
-    except Exception as exc:
-        return "error", exc
-
-
 def _same(ours: Any, theirs: Any) -> None:
     assert type(ours) is type(theirs), (ours, theirs)
     if isinstance(theirs, torch.Tensor):
@@ -77,7 +70,7 @@ def _same(ours: Any, theirs: Any) -> None:
 
 def _assert_decoded_alike(ours: Callable[[], Any], theirs: Callable[[], Any]) -> None:
     """The same value from both input_fns, or both refuse (ours with a 400 or 415)."""
-    (our_kind, our_result), (their_kind, their_result) = _outcome(ours), _outcome(theirs)
+    (our_kind, our_result), (their_kind, their_result) = outcome(ours), outcome(theirs)
     assert our_kind == their_kind, (our_result, their_result)
     if our_kind == "error":
         assert isinstance(our_result, werkzeug.exceptions.HTTPException), our_result
@@ -238,8 +231,8 @@ def test_toolkit_output_fn_matches_the_inference_toolkits_encoder(toolkits: None
     from sagemaker_inference import encoder
 
     (our_kind, ours), (their_kind, theirs) = (
-        _outcome(lambda: _containers.toolkit_output_fn(prediction, accept)),
-        _outcome(lambda: encoder.encode(prediction, accept)),
+        outcome(lambda: _containers.toolkit_output_fn(prediction, accept)),
+        outcome(lambda: encoder.encode(prediction, accept)),
     )
     assert our_kind == their_kind, (ours, theirs)
     if our_kind == "value":
@@ -295,8 +288,8 @@ def test_huggingface_output_fn_matches_the_toolkit(toolkits: None, prediction: A
     toolkit's bytes; what it cannot write (NaN, CSV of non-records) it refuses and so do we."""
     from sagemaker_huggingface_inference_toolkit import decoder_encoder
 
-    theirs = _outcome(lambda: decoder_encoder.encode(prediction, accept))
-    ours = _outcome(lambda: _containers.huggingface_output_fn(prediction, accept))
+    theirs = outcome(lambda: decoder_encoder.encode(prediction, accept))
+    ours = outcome(lambda: _containers.huggingface_output_fn(prediction, accept))
     assert ours[0] == theirs[0], (ours, theirs)
     if ours[0] == "value":
         body, content_type = ours[1]

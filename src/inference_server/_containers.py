@@ -50,10 +50,6 @@ def _require(module: str, what: str) -> Any:
         raise ImportError(f"these --script-defaults need {what}") from None
 
 
-def _bare(content_type: str) -> str:
-    return content_type.split(";", 1)[0].strip().lower()
-
-
 def _as_bytes(input_data: str | bytes) -> bytes:
     return input_data if isinstance(input_data, bytes) else input_data.encode()
 
@@ -114,7 +110,7 @@ TOOLKIT_ENCODERS: dict[str, Callable[[Any], str | bytes]] = {
 
 def _encode(prediction: Any, accept: str, encoders: dict[str, Callable[[Any], Any]], who: str) -> tuple[Any, str]:
     """The prediction in the first type of ``accept`` that ``encoders`` write, with that type; else a 406."""
-    for wanted in (_bare(part) for part in accept.split(",")):
+    for wanted in (codecs.bare(part) for part in accept.split(",")):
         encoder = encoders.get(wanted)
         if encoder is not None:
             return encoder(prediction), wanted
@@ -129,7 +125,7 @@ def _encode(prediction: Any, accept: str, encoders: dict[str, Callable[[Any], An
 
 def sklearn_input_fn(input_data: str | bytes, content_type: str) -> np.ndarray:
     """The scikit-learn container's default: JSON and CSV as float32 arrays, ``.npy`` as it is."""
-    bare = _bare(content_type)
+    bare = codecs.bare(content_type)
     if bare in (JSON, CSV):
         array = _numbers(input_data, bare)
         try:
@@ -233,7 +229,7 @@ def _libsvm_rows(text: str) -> Any:
 def xgboost_input_fn(input_data: str | bytes, content_type: str) -> Any:
     """The XGBoost container's default: CSV, LibSVM and RecordIO-protobuf bodies as a ``DMatrix``."""
     xgboost = _require("xgboost", "XGBoost: pip install xgboost (or xgboost-cpu)")
-    bare = _bare(content_type)
+    bare = codecs.bare(content_type)
     if bare == CSV:
         return xgboost.DMatrix(_csv_rows(_text(input_data, bare)))
     if bare in ("text/libsvm", "text/x-libsvm"):
@@ -286,7 +282,7 @@ def pytorch_input_fn(input_data: str | bytes, content_type: str) -> Any:
     """The PyTorch toolkit's default: JSON and CSV as a float32 tensor, ``.npy`` as a tensor of the array's dtype,
     on the model's device."""
     torch = _torch()
-    bare = _bare(content_type)
+    bare = codecs.bare(content_type)
     try:
         if bare in (JSON, CSV):
             tensor = torch.as_tensor(_numbers(input_data, bare), dtype=torch.float32)
@@ -413,7 +409,7 @@ def _hf_image(data: bytes) -> Any:
 def huggingface_input_fn(input_data: str | bytes, content_type: str) -> Any:
     """The Hugging Face toolkit's default: JSON as it is, CSV with a header as ``{"inputs": ...}``, ``.npy`` as an
     array, an image as ``{"inputs": PIL.Image}`` (RGB), audio as ``{"inputs": bytes}``."""
-    bare = _bare(content_type)
+    bare = codecs.bare(content_type)
     task = os.environ.get("HF_TASK")
     if bare == CSV and task in ("zero-shot-classification", "table-question-answering"):
         raise werkzeug.exceptions.BadRequest(f"content type text/csv is not supported with {task}: send JSON")

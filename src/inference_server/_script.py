@@ -40,7 +40,7 @@ import pluggy
 import werkzeug.exceptions
 from werkzeug.datastructures import MIMEAccept
 
-from inference_server import _containers, _plugins, default_plugin
+from inference_server import _containers, _plugins, codecs, default_plugin
 from inference_server._hookspecs import plugin_hook
 from inference_server._settings import Settings
 from inference_server.errors import PluginError
@@ -238,7 +238,7 @@ class ScriptPlugin:
         _request.set(context)
         if "input_fn" not in self.functions and "transform_fn" not in self.functions:
             return default_plugin.input_fn(input_data, content_type)  # only here to start the context
-        bare = content_type.split(";", 1)[0].strip().lower()
+        bare = codecs.bare(content_type)
         data: Any = bytes(input_data)
         if bare in TEXT_TYPES:
             try:
