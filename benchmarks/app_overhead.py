@@ -20,8 +20,8 @@ import werkzeug
 import werkzeug.exceptions
 
 from inference_server import _plugins, plugin_hook
-from inference_server._app import App
 from inference_server._settings import Settings
+from inference_server.wsgi._app import App
 
 BODY = b'{"instances": [[0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0]]}'
 WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]

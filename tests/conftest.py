@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from inference_server import _model
+from inference_server import _models
 
 READY_DEADLINE = 30.0
 
@@ -40,7 +40,7 @@ def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
         if name.startswith(("SAGEMAKER_", "INFERENCE_SERVER_", "AWS_ENDPOINT_URL")):
             monkeypatch.delenv(name)
     monkeypatch.setenv("INFERENCE_SERVER_PLUGINS", PLUGINS)
-    _model.cache_clear()
+    _models.cache_clear()
 
 
 class PluginSite:

@@ -19,9 +19,9 @@ import pytest
 
 import inference_server
 from inference_server import batching, testing
-from inference_server._app import App
 from inference_server._settings import Settings
 from inference_server.errors import ConfigurationError, HookError
+from inference_server.wsgi._app import App
 from tests.conftest import Reply, Server
 
 #: predict_fn doubles and adds one (every answer differs from its input); a row starting with -1 makes it raise;

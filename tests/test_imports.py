@@ -13,12 +13,14 @@ import inference_server
 
 OURS = "inference_server"
 SERVERS = ("gunicorn", "granian")
+WSGI = f"{OURS}.wsgi"
+PROTOCOLS = (f"{WSGI}.sagemaker", f"{WSGI}.runtime")
 #: Module prefix -> modules (and their submodules) that no module under the prefix may load.
 FORBIDDEN: dict[str, tuple[str, ...]] = {
     f"{OURS}.codecs": (
         f"{OURS}.client",
         f"{OURS}._pipeline",
-        f"{OURS}._app",
+        WSGI,
         f"{OURS}.server",
         f"{OURS}._plugins",
         f"{OURS}._hookspecs",
@@ -29,7 +31,7 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     ),
     f"{OURS}.client": (
         f"{OURS}._pipeline",
-        f"{OURS}._app",
+        WSGI,
         f"{OURS}.server",
         f"{OURS}._plugins",
         f"{OURS}._hookspecs",
@@ -38,9 +40,12 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
         "werkzeug",
         *SERVERS,
     ),
-    f"{OURS}._pipeline": (f"{OURS}._app", f"{OURS}.server", f"{OURS}.cli", *SERVERS),
-    f"{OURS}._app": (f"{OURS}.server", f"{OURS}.cli", *SERVERS),
-    f"{OURS}.transform": (f"{OURS}._app", f"{OURS}.server", f"{OURS}.cli", *SERVERS),
+    f"{OURS}._pipeline": (WSGI, f"{OURS}.server", f"{OURS}.cli", *SERVERS),
+    WSGI: (f"{OURS}.server", f"{OURS}.cli", *SERVERS),
+    # protocol modules import the lifecycle, never each other (nor the app that lists them)
+    **{protocol: (f"{WSGI}._app", *(other for other in PROTOCOLS if other != protocol)) for protocol in PROTOCOLS},
+    f"{WSGI}._invoke": (f"{WSGI}._app", *PROTOCOLS),
+    f"{OURS}.transform": (WSGI, f"{OURS}.server", f"{OURS}.cli", *SERVERS),
     f"{OURS}.testing": (f"{OURS}.server", f"{OURS}.cli", *SERVERS),
     f"{OURS}.server": (f"{OURS}.cli",),
     # the frameworks a container's defaults use are imported when a model needs them, never with our modules

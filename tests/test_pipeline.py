@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import contextvars
+import textwrap
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import werkzeug.exceptions
+import werkzeug.test
 
 from inference_server import _pipeline, _plugins, codecs, plugin_hook
 from inference_server._settings import Settings
@@ -185,3 +189,85 @@ def test_execution_parameters_and_body_limit_come_from_the_hooks() -> None:
     assert _pipeline_with(_Payload(12)).max_body == 12 << 20
     assert _pipeline_with(_Payload(0)).max_body is None
     assert _pipeline_with(_Payload(12)).execution_parameters["MaxPayloadInMB"] == 12
+
+
+SCRIPT = """
+    def model_fn(model_dir):
+        return {name!r}
+
+    def predict_fn(data, model):
+        return model
+
+    def output_fn(prediction, accept):
+        return prediction, "text/plain"
+"""
+
+
+def _script_pipeline(tmp_path: Path, shared: Any, name: str) -> _pipeline.Pipeline:
+    (tmp_path / name).mkdir()
+    script = tmp_path / name / "inference.py"
+    script.write_text(textwrap.dedent(SCRIPT.format(name=name)))
+    return _pipeline.Pipeline(Settings(model_dir=str(tmp_path), script=str(script)), shared)
+
+
+@pytest.mark.parametrize("order", ["ab", "ba"])
+def test_two_pipelines_with_two_scripts_keep_their_own_hooks_and_models(tmp_path: Path, order: str) -> None:
+    """Building a second pipeline with another script (same plugins, same model directory) changes nothing of the
+    first: each loads and answers with its own model, whichever was built and loaded first."""
+    shared = _plugins.build_manager([])
+    pipelines = {}
+    for name in order:
+        pipelines[name] = _script_pipeline(tmp_path, shared, name)
+        assert pipelines[name].model() == name
+    for name, pipeline in pipelines.items():
+        assert pipeline.model() == name
+        output = pipeline.invoke(b"", "application/octet-stream", "*/*", pipeline.model())
+        assert output.buffers == [name.encode()]
+    assert not [name for name, _ in shared.list_name_plugin() if name.startswith("script:")]
+
+
+_seen: contextvars.ContextVar[str] = contextvars.ContextVar("test_seen")
+
+
+class _ContextPlugin:
+    """input_fn sets a context variable from the body (unless the body is empty); the later hooks report it."""
+
+    @plugin_hook
+    def input_fn(self, input_data: Any, content_type: str) -> Any:
+        if input_data:
+            _seen.set(bytes(input_data).decode())
+        return b""
+
+    @plugin_hook
+    def predict_fn(self, data: Any, model: Any) -> Any:
+        return _seen.get("unset")
+
+    @plugin_hook
+    def output_fn(self, prediction: Any, accept: Any) -> Any:
+        return f"{prediction} {_seen.get('unset')}", "text/plain"
+
+
+def test_a_context_variable_set_in_input_fn_is_seen_by_that_invocation_only() -> None:
+    """What input_fn sets is seen by predict_fn and output_fn of the same invocation, never by the next one on the
+    same thread, nor by the caller."""
+    pipeline = _pipeline_with(_ContextPlugin())
+    model = pipeline.model()
+    assert pipeline.invoke(b"first", "text/plain", "*/*", model).buffers == [b"first first"]
+    assert pipeline.invoke(b"", "text/plain", "*/*", model).buffers == [b"unset unset"]
+    assert _seen.get("unset") == "unset"
+
+
+def test_the_hooks_see_the_requests_context_on_the_servers_helper_threads() -> None:
+    """Through the WSGI app, whose hooks run on reused helper threads (a deadline): each request's hooks see the
+    caller's context variables, and nothing one request set reaches the next."""
+    from inference_server.wsgi._app import App
+
+    app = App(Settings(model_dir="/nonexistent", timeout=30), _plugins.build_manager([], [_ContextPlugin()]))
+    client = werkzeug.test.Client(app)
+    assert client.post("/invocations", data=b"first").get_data() == b"first first"
+    assert client.post("/invocations", data=b"").get_data() == b"unset unset"
+    token = _seen.set("caller")
+    try:
+        assert client.post("/invocations", data=b"").get_data() == b"caller caller"
+    finally:
+        _seen.reset(token)

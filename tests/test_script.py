@@ -633,3 +633,61 @@ def test_pre_model_fn_and_model_warmup_fn_run_around_model_fn(servers: ServerFac
         "text/plain",
         b"pre_model_fn model model_fn model_warmup_fn warm=True",
     )
+
+
+#: A script whose batched predict_fn answers each row with the id in its own request's Content-Type, read from the
+#: group's context by index, and the group's size.
+GROUPED = """
+    import json
+    import time
+
+    import numpy as np
+
+    def model_fn(model_dir):
+        return "model"
+
+    def input_fn(input_data, content_type):
+        return np.array([[float(input_data)]])
+
+    def predict_fn(data, model, context):
+        time.sleep(0.02)
+        headers = [context.get_request_header(i, "Content-Type") for i in range(len(data))]
+        return np.array([[float(header.split("id=")[1]), len(data)] for header in headers])
+
+    def output_fn(prediction, accept):
+        return json.dumps(prediction.tolist())
+"""
+
+
+def test_a_batched_predict_fn_reads_each_request_of_its_group_from_the_context(tmp_path: Path) -> None:
+    """Under micro-batching, a script's predict_fn(data, model, context) gets its group's context: the i-th request's
+    header is the i-th input's, never one of a request outside the group."""
+    import threading
+
+    import werkzeug.test
+
+    from inference_server import _plugins
+    from inference_server._settings import Settings
+    from inference_server.wsgi._app import App
+
+    script = tmp_path / "inference.py"
+    script.write_text(textwrap.dedent(GROUPED))
+    settings = Settings(model_dir=str(tmp_path), script=str(script), max_batch_size=8, timeout=30)
+    app = App(settings, _plugins.build_manager([]))
+    answers: dict[int, list[float]] = {}
+
+    def ask(number: int) -> None:
+        response = werkzeug.test.Client(app).post(
+            "/invocations", data=str(number), content_type=f"application/x-id; id={number}"
+        )
+        assert response.status_code == 200, response.get_data()
+        answers[number] = json.loads(response.get_data())[0]
+
+    threads = [threading.Thread(target=ask, args=(number,)) for number in range(32)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert sorted(answers) == list(range(32))
+    assert all(answer[0] == number for number, answer in answers.items())
+    assert max(answer[1] for answer in answers.values()) > 1  # groups did form

@@ -14,8 +14,8 @@ from inference_server._settings import BatchStrategy
 if typing.TYPE_CHECKING:
     from werkzeug.datastructures import MIMEAccept
 
-    from inference_server._app import create_app, warmup
     from inference_server._hookspecs import plugin_hook
+    from inference_server.wsgi._app import create_app, warmup
 
 __all__ = ["BatchStrategy", "MIMEAccept", "__version__", "create_app", "plugin_hook", "warmup"]
 
@@ -24,9 +24,9 @@ __version__ = importlib.metadata.version("inference-server")
 #: Public names defined elsewhere: name -> the module that defines it, imported on first use.
 _LAZY = {
     "MIMEAccept": "werkzeug.datastructures",
-    "create_app": "inference_server._app",
+    "create_app": "inference_server.wsgi._app",
     "plugin_hook": "inference_server._hookspecs",
-    "warmup": "inference_server._app",
+    "warmup": "inference_server.wsgi._app",
 }
 
 

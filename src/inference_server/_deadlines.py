@@ -5,11 +5,14 @@ HTTP server gave the request waits for the work with a deadline and answers 408 
 kept and reused; one that overran is abandoned and rejoins the pool when its work ends. Work is never interrupted
 from outside (``PyThreadState_SetAsyncExc`` can leave a model half-updated, and slows every thread while its target
 sits in native code): a call that was answered stops itself at its next stage, and work that does not end is
-contained by replacing the worker process.
+contained by replacing the worker process. The work runs in a copy of the caller's ``contextvars`` context, so the
+request's context variables reach the hooks and nothing the work sets stays on the reused thread.
 """
 
 from __future__ import annotations
 
+import contextvars
+import functools
 import threading
 import time
 from collections.abc import Callable
@@ -141,7 +144,7 @@ class Pool:
         and the helper is abandoned: it rejoins the pool when its work ends.
         """
         helper = self._take()
-        helper.start(work)
+        helper.start(functools.partial(contextvars.copy_context().run, work))
         while not helper.done.acquire(timeout=max(0.0, deadline() - time.monotonic())):
             if deadline() > time.monotonic():
                 continue  # the deadline moved on while we waited

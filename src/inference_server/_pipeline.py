@@ -1,14 +1,16 @@
 """One invocation without HTTP: (body, content type, Accept, model) -> ``input_fn`` -> ``predict_fn`` -> ``output_fn``.
 
-The WSGI app calls it for ``/invocations``; Batch Transform, micro-batching, multi-model endpoints and the Open
-Inference Protocol are to call the same :class:`Pipeline`, so every mode runs the hooks alike. It knows nothing of
-WSGI: no environ, no status line, no body reading.
+Every protocol of the WSGI app and Batch Transform call the same :class:`Pipeline`, so every mode runs the hooks
+alike. It knows nothing of WSGI: no environ, no status line, no body reading. A pipeline's hooks are its own: a
+script it serves is registered into a view of the shared plugin manager made for it alone (``_plugins.view``), and
+each invocation runs its hooks in a copy of the caller's ``contextvars`` context.
 """
 
 from __future__ import annotations
 
+import contextvars
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Any, NamedTuple
 
 import pluggy
@@ -16,7 +18,7 @@ import werkzeug.exceptions
 import werkzeug.http
 from werkzeug.datastructures import MIMEAccept
 
-from inference_server import _model, _plugins, _script, codecs, default_plugin
+from inference_server import _models, _plugins, _script, codecs, default_plugin
 from inference_server._settings import BatchStrategy, Settings
 from inference_server.errors import ConfigurationError, HookError, HTTPError, ModelLoadError
 
@@ -63,14 +65,25 @@ def execution_parameters(pm: pluggy.PluginManager) -> dict[str, Any]:
 
 
 class Pipeline:
-    """The hooks of one plugin manager for one model directory, resolved once, run once per invocation."""
+    """The hooks of one plugin set (and script) for one model directory, resolved once, run once per invocation."""
 
-    def __init__(self, settings: Settings, pm: pluggy.PluginManager) -> None:
-        self.pm = pm
+    def __init__(self, settings: Settings, shared: pluggy.PluginManager) -> None:
+        script = _script.plugin(settings)
+        #: The plugins whose hooks run: ``shared``'s, with the script first if there is one (in a view of its own).
+        self.pm = pm = shared if script is None else _plugins.view(shared, script.plugin, script.name)
         #: The framework container script served as a plugin, if any (``--script``, ``SAGEMAKER_PROGRAM``): the
         #: server and Batch Transform alike.
-        self.script = _script.install(pm, settings)
+        self.script = None if script is None else script.path
         self.model_dir = settings.model_dir
+        #: The name of this pipeline's model in the process's store: pipelines of the same plugin set, script and
+        #: directory share it (``warmup()`` loads what ``create_app()`` serves); registering a plugin makes another.
+        self.key: Hashable = (
+            id(shared),
+            getattr(shared, "generation", 0),
+            None if script is None else script.name,
+            self.model_dir,
+        )
+        self._shared = shared  # held so that the id in the key is not reused while the pipeline lives
         #: ``/execution-parameters``: checked here, so that invalid hook values stop start-up.
         self.execution_parameters = execution_parameters(pm)
         mb = self.execution_parameters["MaxPayloadInMB"]
@@ -88,7 +101,11 @@ class Pipeline:
 
     def model(self) -> Any:
         """The loaded model (loading it now if needed); :class:`ModelLoadError` if ``model_fn`` failed."""
-        return _model.get_model(self.pm, self.model_dir)
+        return _models.store.model(self.key, self, self.model_dir)
+
+    def load_model(self, model_dir: str) -> Any:
+        """``model_fn``'s model for ``model_dir`` (no caching: see :mod:`inference_server._models`)."""
+        return _plugins.call_model_fn(self.pm, model_dir)
 
     def healthy(self) -> bool:
         """Whether the model is loaded and ``ping_fn`` says it is healthy (a raising ``ping_fn`` is logged: no)."""
@@ -118,10 +135,21 @@ class Pipeline:
         """Run ``input_fn``, ``predict_fn`` (or ``predict``: a batcher's, which may run it with other inputs) and
         ``output_fn`` on one body.
 
-        An HTTP exception raised by a hook keeps its status; anything else a hook raises becomes a
-        :class:`HookError` naming the hook (a 500).
+        The hooks run in a copy of the caller's context: a context variable one of them sets is seen by the
+        others of this invocation only. An HTTP exception raised by a hook keeps its status; anything else a hook
+        raises becomes a :class:`HookError` naming the hook (a 500).
         """
-        token = default_plugin.current.set((self._defaults, content_type))
+        return contextvars.copy_context().run(self._invoke, body, content_type, accept, model, predict)
+
+    def _invoke(
+        self,
+        body: codecs.Buffer,
+        content_type: str,
+        accept: str,
+        model: Any,
+        predict: Callable[[Any], Any] | None,
+    ) -> Output:
+        default_plugin.current.set((self._defaults, content_type))
         hook, data = "input_fn", None
         try:
             data = self._input_fn(input_data=body, content_type=content_type)
@@ -133,8 +161,6 @@ class Pipeline:
             raise
         except Exception as exc:
             raise HookError(hook, exc, hint=_bytes_hint(body, data, content_type)) from exc
-        finally:
-            default_plugin.current.reset(token)
 
 
 @codecs.cache_short(256)

@@ -53,17 +53,17 @@ class PluginManager(pluggy.PluginManager):
         self.add_hookspecs(HookSpecs)
         #: Installed plugins (entry points) by registered name.
         self.sources: dict[str, Source] = {}
-        #: Counts changes to the set of plugins: a loaded model belongs to one generation (see ``_model``).
+        #: Counts changes to the set of plugins: a pipeline's models belong to one generation (see ``_pipeline``).
         self.generation = 0
 
     def register(self, plugin: object, name: str | None = None) -> str | None:
-        """Register ``plugin`` (pluggy's method); models loaded before are forgotten."""
+        """Register ``plugin`` (pluggy's method); pipelines built from now on load their models anew."""
         registered = super().register(plugin, name)
         self.generation += 1
         return registered
 
     def unregister(self, plugin: object | None = None, name: str | None = None) -> Any:
-        """Unregister ``plugin`` (pluggy's method); the model it loaded is no longer served."""
+        """Unregister ``plugin`` (pluggy's method); pipelines built from now on load their models anew."""
         unregistered = super().unregister(plugin, name)
         self.generation += 1
         return unregistered
@@ -92,6 +92,21 @@ def build_manager(names: Collection[str] | None = None, plugins: Iterable[object
         register(pm, plugin)
     logger.debug("Plugins: %s", [pm.get_name(plugin) for plugin in pm.get_plugins()])
     return pm
+
+
+def view(pm: pluggy.PluginManager, plugin: object, name: str) -> PluginManager:
+    """A manager of its own: ``pm``'s plugins in the same order, then ``plugin`` (so that its hooks run first).
+
+    What is registered into the view never reaches ``pm`` and its other views, so that two pipelines with two
+    scripts never call each other's hooks or drop each other's models.
+    """
+    own = PluginManager()
+    for registered_name, registered in pm.list_name_plugin():
+        if registered is not None:
+            own.register(registered, name=registered_name)
+    own.sources = dict(getattr(pm, "sources", {}))
+    register(own, plugin, name=name)
+    return own
 
 
 @functools.cache

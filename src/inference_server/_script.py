@@ -34,13 +34,12 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, NamedTuple
 
-import pluggy
 import werkzeug.exceptions
 from werkzeug.datastructures import MIMEAccept
 
-from inference_server import _containers, _plugins, codecs, default_plugin
+from inference_server import _containers, batching, codecs, default_plugin
 from inference_server._hookspecs import plugin_hook
 from inference_server._settings import Settings
 from inference_server.errors import PluginError
@@ -141,7 +140,8 @@ class Context:
         return self.response_content_type
 
 
-#: The running request's context (set by input_fn, read by predict_fn and output_fn on the same thread).
+#: The running request's context: set by input_fn, read by predict_fn and output_fn. Each request runs its hooks in
+#: a context of its own (``_pipeline``), so it is never seen by another request.
 _request: contextvars.ContextVar[Context] = contextvars.ContextVar("inference_server_script_request")
 
 
@@ -215,7 +215,7 @@ class ScriptPlugin:
 
     def _call(self, name: str, *args: Any, context: Context | None = None) -> Any:
         if self.context[name]:
-            args = (*args, context if context is not None else _request.get(None) or Context(self.model_dir))
+            args = (*args, context if context is not None else self._context())
         try:
             return self.functions[name](*args)
         except Exception as exc:
@@ -223,6 +223,19 @@ class ScriptPlugin:
             if error is None:
                 raise
             raise error from exc
+
+    def _context(self) -> Context:
+        """The running request's context; for a micro-batched group's ``predict_fn``, the group's, whose i-th
+        request processor is the i-th request's (as TorchServe's batched context)."""
+        members = batching.members()
+        if members is None:
+            return _request.get(None) or Context(self.model_dir)
+        group = Context(self.model_dir)
+        group.system_properties["batch_size"] = len(members)
+        group.request_processor = [
+            (member.get(_request) or Context(self.model_dir)).request_processor[0] for member in members
+        ]
+        return group
 
     def _model_fn(self, model_dir: str) -> Any:
         context = Context(model_dir)
@@ -291,17 +304,23 @@ def _load(path: Path) -> ModuleType:
     return module
 
 
-def install(pm: pluggy.PluginManager, settings: Settings) -> Path | None:
-    """Register the script ``settings`` point to as a plugin of ``pm`` (once), and return its path. With no script,
-    a container whose defaults load the model (``--script-defaults pytorch`` or ``huggingface``) is registered alone,
-    as the container serves a model directory without ``inference.py``."""
+class Script(NamedTuple):
+    """The script a pipeline serves, as a plugin of its own."""
+
+    #: The name it is registered under: ``script:PATH``, or ``defaults:NAME`` for a container's defaults alone.
+    name: str
+    plugin: ScriptPlugin
+    path: Path | None
+
+
+def plugin(settings: Settings) -> Script | None:
+    """The script ``settings`` point to, as a plugin (not registered anywhere: each pipeline has its own view). With
+    no script, a container whose defaults load the model (``--script-defaults pytorch`` or ``huggingface``) is the
+    plugin alone, as the container serves a model directory without ``inference.py``."""
     path = find(settings)
     if path is None and "model_fn" not in _containers.DEFAULTS[settings.script_defaults]:
         return None
     name = f"script:{path}" if path is not None else f"defaults:{settings.script_defaults}"
     with _lock:
-        if pm.get_plugin(name) is None:
-            module = _load(path) if path is not None else None
-            plugin = ScriptPlugin(module, settings.model_dir, settings.script_defaults)
-            _plugins.register(pm, plugin, name=name)
-    return path
+        module = _load(path) if path is not None else None
+    return Script(name, ScriptPlugin(module, settings.model_dir, settings.script_defaults), path)

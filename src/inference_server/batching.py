@@ -20,6 +20,10 @@ again alone, so only the inputs that fail get an error (the cost: one more call 
 prediction whose leading dimension is not the total of rows is an error for the whole group, never a silent
 mis-split.
 
+**Contexts.** Each input keeps its request's ``contextvars`` context. A lone input's ``predict_fn`` runs in it; a
+group's runs in a context of its own, where :func:`members` gives the group's requests' contexts in order (what a
+toolkit script's batched ``context`` reads its i-th request's headers from).
+
 **Bounded.** At most ``max_queue`` inputs wait; one more is refused at once (:class:`~inference_server.errors.
 ServiceUnavailable` with ``Retry-After``). An input whose request was answered already (a timeout) leaves the queue
 unrun.
@@ -28,6 +32,7 @@ unrun.
 from __future__ import annotations
 
 import collections
+import contextvars
 import dataclasses
 import itertools
 import threading
@@ -50,6 +55,14 @@ MAX_QUEUE = 960
 RETRY_AFTER = 1
 #: Seconds between checks, by a waiting request, of whether it was answered already (a timeout).
 _POLL = 0.25
+
+
+_members: contextvars.ContextVar[tuple[contextvars.Context, ...]] = contextvars.ContextVar("inference_server_group")
+
+
+def members() -> tuple[contextvars.Context, ...] | None:
+    """In a ``predict_fn`` call for a group of requests, their contexts in the order of their inputs; else None."""
+    return _members.get(None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,10 +113,12 @@ def options(given: Mapping[str, int | None], chosen: frozenset[str], hook: Any, 
 class _Input:
     """One request's input in the queue, and what became of it."""
 
-    __slots__ = ("call", "data", "done", "error", "key", "model", "queued", "result", "since")
+    __slots__ = ("call", "context", "data", "done", "error", "key", "model", "queued", "result", "since")
 
     def __init__(self, data: Any, model: Any, key: object, call: Call | None) -> None:
         self.data, self.model, self.key, self.call = data, model, key, call
+        #: The request's context (a copy: another thread may run this input's prediction).
+        self.context = contextvars.copy_context()
         self.since = time.monotonic()
         self.queued = True
         self.done = False
@@ -255,7 +270,7 @@ class Batcher:
             _alone(self._predict, group[0])
             return
         try:
-            predictions = self._together(group, model)
+            predictions = _in_group_context(group, self._together, group, model)
         except HookError as exc:  # a mis-sized answer: the group's, not one input's
             for member in group:
                 member.error = exc
@@ -296,9 +311,19 @@ def _alone(predict: Callable[[Any, Any], Any], member: _Input) -> None:
         member.error = Cancelled()
         return
     try:
-        member.result = predict(member.data, member.model)
+        member.result = member.context.run(predict, member.data, member.model)
     except Exception as exc:
         member.error = exc
+
+
+def _in_group_context(group: list[_Input], function: Callable[..., Any], *args: Any) -> Any:
+    """``function(*args)`` in a new context where :func:`members` gives the group's requests' contexts."""
+
+    def run() -> Any:
+        _members.set(tuple(member.context for member in group))
+        return function(*args)
+
+    return contextvars.Context().run(run)
 
 
 def _described(value: Any) -> str:

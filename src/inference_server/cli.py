@@ -186,7 +186,9 @@ def _transform(command: argparse.ArgumentParser, args: argparse.Namespace) -> in
 def _plugins_report(*, strict: bool) -> int:
     try:
         pm = _plugins.manager()
-        _script.install(pm, Settings.from_env())  # a framework container script is a plugin too
+        script = _script.plugin(Settings.from_env())  # a framework container script is a plugin too
+        if script is not None:
+            pm = _plugins.view(pm, script.plugin, script.name)
     except (PluginError, ConfigurationError) as exc:
         print(f"inference-server: error: {exc}", file=sys.stderr)
         return 1

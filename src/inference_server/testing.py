@@ -15,7 +15,7 @@ import pluggy
 import werkzeug.test
 
 import inference_server
-from inference_server import _model, _plugins
+from inference_server import _models, _plugins
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import WSGIApplication
@@ -112,7 +112,7 @@ def _message(body: bytes) -> str:
 def reset() -> None:
     """Forget every loaded model, so that the next request calls ``model_fn`` again (1.x's
     ``inference_server._model.cache_clear()``). Registering or unregistering a plugin does this for its manager."""
-    _model.cache_clear()
+    _models.cache_clear()
 
 
 def plugin_manager() -> pluggy.PluginManager:

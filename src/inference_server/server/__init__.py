@@ -20,11 +20,11 @@ import os
 import resource
 import sys
 
-from inference_server import _logging, _model, _plugins, _script
-from inference_server._app import App
+from inference_server import _logging, _models, _plugins, _script
 from inference_server._settings import DEFAULT_HOOKS_ENV, Settings
 from inference_server.errors import ConfigurationError, ModelLoadError, PluginError
 from inference_server.server import _port
+from inference_server.wsgi._app import App
 
 logger = logging.getLogger("inference_server")
 
@@ -48,7 +48,7 @@ def server_threads(settings: Settings) -> int:
 
 def load_model(app: App) -> None:
     """Load the model in a worker before it serves; a failure is logged (with its traceback) and /ping says 503."""
-    _model.warn_missing_dir = False  # the serving process warned once already
+    _models.warn_missing_dir = False  # the serving process warned once already
     with contextlib.suppress(ModelLoadError):
         app.model()
 
@@ -98,7 +98,7 @@ def _log_summary(app: App, chosen_hooks: bool = False) -> None:
         )
     for problem in _plugins.problems(app.pm):
         logger.warning("%s", problem)
-    _model.check_model_dir(settings.model_dir)
+    _models.check_model_dir(settings.model_dir)
 
 
 def _cannot_start(reason: str) -> int:
@@ -131,7 +131,11 @@ def serve(settings: Settings) -> int:
             script = _script.find(settings)
             if script is not None:
                 _script.install_requirements(script)
-        app = App(settings, _plugins.manager())
+        if settings.server == "granian":
+            from inference_server.server import granian as backend
+        else:
+            from inference_server.server import gunicorn as backend  # type: ignore[no-redef]
+        app = App(settings, _plugins.manager(), backend.BACKEND)
     except (PluginError, ConfigurationError) as exc:
         return _cannot_start(str(exc))
     problem = _port.in_use(settings)
@@ -139,10 +143,4 @@ def serve(settings: Settings) -> int:
         return _cannot_start(problem)
     _log_summary(app, chosen_hooks)
     _raise_file_limit()
-    if settings.server == "granian":
-        from inference_server.server import granian
-
-        return granian.run(app)
-    from inference_server.server import gunicorn
-
-    return gunicorn.run(app)
+    return backend.run(app)

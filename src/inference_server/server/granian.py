@@ -30,9 +30,9 @@ from granian.log import LogLevels
 from granian.server.mp import MPServer, WorkerProcess
 
 from inference_server import _logging, _plugins
-from inference_server._app import App
 from inference_server._settings import Settings
 from inference_server.server import SLOW_CLIENT_THREADS, _drain, _port, _state, load_model, server_threads
+from inference_server.wsgi._app import App, Backend
 
 logger = logging.getLogger("inference_server")
 
@@ -73,12 +73,15 @@ def check_internals(server: MPServer) -> None:
         )
 
 
-def granian_app() -> App:
-    """The app factory granian's workers call: the app from the environment (set by ``serve``), model loaded.
+#: granian writes any bytes-like body item, so the app hands it the arrays' own memory (no copy); its body read,
+#: called from a thread of ours, would stall the whole worker while a client is slow to send.
+BACKEND = Backend(bytes_only=False, read_on_server_thread=True, check_head=True)
 
-    granian writes any bytes-like body item, so the app hands it the arrays' own memory (no copy)."""
+
+def granian_app() -> App:
+    """The app factory granian's workers call: the app from the environment (set by ``serve``), model loaded."""
     settings = Settings.from_env()
-    app = App(settings, _plugins.manager(), bytes_only=False, read_on_server_thread=True, check_head=True)
+    app = App(settings, _plugins.manager(), BACKEND)
     app.worker = _state.Worker.attach(_state.recycle_by_supervisor, settings.max_requests, settings.max_requests_jitter)
     if app.worker is not None:
         _stop_only_when_asked(app.worker)

@@ -36,8 +36,8 @@ from gunicorn.errors import HaltServer
 from gunicorn.workers.gthread import ThreadWorker
 
 from inference_server import _logging
-from inference_server._app import App
 from inference_server.server import KEEPALIVE, SLOW_CLIENT_THREADS, _drain, _state, load_model, server_threads
+from inference_server.wsgi._app import App, Backend
 
 logger = logging.getLogger("inference_server")
 
@@ -156,6 +156,10 @@ def _send_continue(environ: Any) -> None:
         environ["gunicorn.socket"].sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
 
 
+#: gunicorn bounds the head too (``_Request``); the Host checks are the point of ``check_head``.
+BACKEND = Backend(check_head=True, send_continue=_send_continue, arrival=_arrival)
+
+
 class _Captured:
     """A stand-in for a client socket that keeps what gunicorn writes to it."""
 
@@ -246,9 +250,6 @@ class GunicornServer(BaseApplication):  # type: ignore[misc]
 def run(app: App) -> int:
     """Serve with gunicorn until SIGTERM; gunicorn's arbiter exits the process itself with the status."""
     _Request.limit = app.settings.max_header_bytes
-    app.send_continue = _send_continue
-    app.arrival = _arrival
-    app.check_head = True  # gunicorn bounds the head too (``_Request``); the Host checks are the point
     gunicorn.http.parser.RequestParser.mesg_class = _Request
     _Arbiter(GunicornServer(app)).run()
     return 0

@@ -14,8 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from inference_server import _plugins, codecs
-from inference_server._app import App
 from inference_server._settings import Settings
+from inference_server.wsgi._app import App
 
 MEDIA_TYPES = [
     "application/json",

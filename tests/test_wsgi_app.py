@@ -5,7 +5,9 @@ from __future__ import annotations
 import contextlib
 import http.client
 import io
+import re
 import wsgiref.validate
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -14,8 +16,8 @@ import werkzeug.exceptions
 import werkzeug.test
 
 from inference_server import _plugins, plugin_hook
-from inference_server._app import App
 from inference_server._settings import Settings
+from inference_server.wsgi._app import App
 
 FORECAST = {
     "wind": "Southwesterly gale force 8 continuing",
@@ -385,3 +387,49 @@ def test_http_exceptions_from_werkzeug_keep_their_status() -> None:
     assert response.status_code == 409
     assert response.json["message"] == "already predicting"
     assert http.client.responses[409] in response.status
+
+
+def test_a_new_protocol_is_one_module_that_registers_routes() -> None:
+    """The example protocol of docs/architecture.md, executed: its pattern route runs the served model through the
+    lifecycle, its segment reaches the handler, and the route table lists it in 404s and answers 405 with Allow."""
+    page = (Path(__file__).resolve().parent.parent / "docs" / "architecture.md").read_text()
+    example = re.findall(r"```python\n(.*?)```", page, flags=re.DOTALL)[0]
+    namespace: dict[str, Any] = {}
+    exec(compile(example, "docs/architecture.md", "exec"), namespace)
+    app = _app(_Echo())
+    namespace["register"](app)
+    client = werkzeug.test.Client(wsgiref.validate.validator(app))
+    with client.post("/hello/world", data=b"abc") as response:
+        assert (response.status_code, response.get_data(), response.headers["X-Hello"]) == (200, b"abc", "world")
+    with client.get("/hello/world") as response:
+        assert response.headers["Allow"] == "POST"
+    with client.get("/hello") as response:
+        assert "/hello/{name}" in response.json["message"]
+    with client.post("/hello/", data=b"abc") as response:
+        assert response.status_code == 404
+
+
+def test_cleanup_runs_when_the_server_closes_the_body() -> None:
+    """An invocation's body leaves the drain's count of requests in flight only once the server is done with it."""
+    app = _app(_Echo())
+    events: list[str] = []
+
+    class Worker:
+        draining, draining_since = False, 0.0
+
+        def enter(self) -> None:
+            events.append("enter")
+
+        def leave(self) -> None:
+            events.append("leave")
+
+        def request_recycle(self, reason: str) -> None:
+            raise AssertionError(reason)
+
+    app.worker = Worker()
+    environ = werkzeug.test.EnvironBuilder(method="POST", path="/invocations", data=b"abc").get_environ()
+    body = app(environ, lambda status, headers: None)  # type: ignore[arg-type,func-returns-value]
+    assert events == ["enter"]
+    assert b"".join(body) == b"abc"
+    body.close()  # type: ignore[attr-defined]
+    assert events == ["enter", "leave"]

@@ -1,0 +1,193 @@
+"""The WSGI application: the request id, the route table, and exceptions turned into replies.
+
+Each protocol module registers its routes (``register(app)``); what a request's invocation goes through lives in
+:mod:`inference_server.wsgi._invoke`, and the hooks themselves run in :mod:`inference_server._pipeline`.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import pluggy
+import werkzeug.exceptions
+
+from inference_server import _plugins, batching, codecs
+from inference_server._pipeline import Pipeline
+from inference_server._settings import Settings
+from inference_server.errors import BadRequest, URITooLong
+from inference_server.wsgi import runtime, sagemaker
+from inference_server.wsgi._invoke import Backend, Lifecycle, Target, WorkerState
+from inference_server.wsgi._replies import STATUS_LINES, Body, Handler, Reply, Request, close, error_for
+
+if TYPE_CHECKING:
+    from _typeshed.wsgi import StartResponse, WSGIEnvironment
+
+__all__ = ["App", "Backend", "create_app", "warmup"]
+
+_REQUEST_ID = re.compile(r"[\x21-\x7e]{1,200}")
+CUSTOM_ATTRIBUTES = "X-Amzn-SageMaker-Custom-Attributes"
+#: Bytes of path and query string a request may have (414 beyond).
+MAX_URL_BYTES = 8192
+#: The protocols every app serves, each a module with ``register(app)``.
+PROTOCOLS = (sagemaker, runtime)
+
+
+class Routes:
+    """Method handlers by path: exact paths, and patterns whose ``{name}`` segments match one non-empty segment."""
+
+    def __init__(self) -> None:
+        self._exact: dict[str, dict[str, Handler]] = {}
+        self._patterns: list[tuple[str, tuple[str, ...], dict[str, Handler]]] = []
+
+    def add(self, path: str, handler: Handler, method: str) -> None:
+        if "{" not in path:
+            self._exact.setdefault(path, {})[method] = handler
+            return
+        segments = tuple(path.split("/"))
+        for pattern, _, methods in self._patterns:
+            if pattern == path:
+                methods[method] = handler
+                return
+        self._patterns.append((path, segments, {method: handler}))
+
+    def match(self, path: str) -> tuple[dict[str, Handler], dict[str, str]] | None:
+        """The handlers by method for ``path`` and the values of its pattern's segments, or None."""
+        methods = self._exact.get(path)
+        if methods is not None:
+            return methods, {}
+        parts = path.split("/")
+        for _, segments, methods in self._patterns:
+            if len(segments) == len(parts):
+                params = _params(segments, parts)
+                if params is not None:
+                    return methods, params
+        return None
+
+    def paths(self) -> list[str]:
+        """Every path and pattern, in the order they were added."""
+        return [*self._exact, *(pattern for pattern, _, _ in self._patterns)]
+
+
+def _params(segments: Sequence[str], parts: Sequence[str]) -> dict[str, str] | None:
+    params = {}
+    for segment, part in zip(segments, parts, strict=True):
+        if segment[:1] == "{" and segment[-1:] == "}":
+            if not part:
+                return None
+            params[segment[1:-1]] = part
+        elif segment != part:
+            return None
+    return params
+
+
+class App:
+    """The inference-server WSGI application for one set of settings and plugins."""
+
+    def __init__(self, settings: Settings, pm: pluggy.PluginManager, backend: Backend | None = None) -> None:
+        self.settings = settings
+        self.backend = backend or Backend()
+        self.pipeline = Pipeline(settings, pm)
+        #: The model that ``/invocations`` serves.
+        self.target = Target.serving(self.pipeline, settings)
+        self.lifecycle = Lifecycle(settings, self.backend)
+        self.routes = Routes()
+        for protocol in PROTOCOLS:
+            protocol.register(self)
+
+    @property
+    def pm(self) -> pluggy.PluginManager:
+        """The plugins whose hooks the app runs (the script's first, if it serves one)."""
+        return self.pipeline.pm
+
+    @property
+    def batching(self) -> batching.Options:
+        """How ``/invocations`` is micro-batched (off unless asked for)."""
+        return self.target.batcher.options if self.target.batcher is not None else batching.Options()
+
+    @property
+    def execution_parameters(self) -> dict[str, Any]:
+        return self.pipeline.execution_parameters
+
+    @property
+    def worker(self) -> WorkerState | None:
+        """This process's share of the server's state when ``serve`` runs it (drain flag, requests in flight)."""
+        return self.lifecycle.worker
+
+    @worker.setter
+    def worker(self, worker: WorkerState | None) -> None:
+        self.lifecycle.worker = worker
+
+    def route(self, path: str, handler: Handler, method: str = "GET") -> None:
+        """Answer ``method`` requests for ``path`` (``{name}`` segments match any one segment) with ``handler``;
+        GET routes answer HEAD too."""
+        self.routes.add(path, handler, method)
+
+    def model(self) -> Any:
+        """The loaded model (loading it now if needed)."""
+        return self.pipeline.model()
+
+    def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[codecs.Buffer]:
+        """Answer one request; with ``bytes_only=False`` the body items are buffers (an array's own memory)."""
+        request_id = environ.get("HTTP_X_REQUEST_ID", "")
+        if not _REQUEST_ID.fullmatch(request_id):
+            request_id = f"{random.getrandbits(128):032x}"  # unique enough for logs; cheaper than uuid4
+        method = environ["REQUEST_METHOD"]
+        try:
+            status, headers, body = self._dispatch(environ, method, request_id)
+        except Exception as exc:
+            status, headers, body = error_for(exc, request_id, environ, self.settings.debug)
+        headers.append(("X-Request-Id", request_id))
+        custom_attributes = environ.get("HTTP_X_AMZN_SAGEMAKER_CUSTOM_ATTRIBUTES")
+        if custom_attributes and not any(k.lower() == CUSTOM_ATTRIBUTES.lower() for k, _ in headers):
+            headers.append((CUSTOM_ATTRIBUTES, custom_attributes))
+        start_response(STATUS_LINES.get(status, f"{status} Unknown"), headers)
+        if method == "HEAD":
+            close(body)
+            return []
+        if isinstance(body, Body):
+            body.as_bytes = self.backend.bytes_only
+            return body
+        if self.backend.bytes_only:
+            return [chunk if isinstance(chunk, bytes) else bytes(chunk) for chunk in body]
+        return body
+
+    def _dispatch(self, environ: WSGIEnvironment, method: str, request_id: str) -> Reply:
+        path = environ.get("PATH_INFO") or "/"
+        if len(path) + len(environ.get("QUERY_STRING", "")) > MAX_URL_BYTES:
+            raise URITooLong(f"the path and query are longer than {MAX_URL_BYTES} bytes")
+        if self.backend.check_head:
+            self._check_head(environ)
+        found = self.routes.match(path)
+        if found is None:
+            raise werkzeug.exceptions.NotFound(f"no such path: the routes are {', '.join(self.routes.paths())}")
+        methods, params = found
+        handler = methods.get("GET" if method == "HEAD" else method)
+        if handler is None:
+            allowed = sorted({*methods, *(["HEAD"] if "GET" in methods else [])})
+            raise werkzeug.exceptions.MethodNotAllowed(allowed, f"{method} is not allowed here")
+        return handler(Request(environ, request_id, params))
+
+    def _check_head(self, environ: WSGIEnvironment) -> None:
+        host = environ.get("HTTP_HOST")
+        if host is None and environ.get("SERVER_PROTOCOL") == "HTTP/1.1":
+            raise BadRequest("an HTTP/1.1 request must have a Host header (RFC 9112, section 3.2)")
+        if host is not None and "," in host:  # granian joins repeated headers with commas
+            raise BadRequest("a request must have one Host header, not several (RFC 9112, section 3.2)")
+        size = sum([len(k) + len(v) for k, v in environ.items() if k[:5] == "HTTP_"])  # ~ the header section
+        if size > self.settings.max_header_bytes:
+            raise werkzeug.exceptions.RequestHeaderFieldsTooLarge(
+                f"the headers are larger than {self.settings.max_header_bytes} bytes (--max-header-bytes)"
+            )
+
+
+def create_app(*, model_dir: str | None = None) -> App:
+    """Return the WSGI application, configured from the environment (``model_dir`` overrides it)."""
+    return App(Settings.from_env(model_dir=model_dir), _plugins.manager())
+
+
+def warmup(*, model_dir: str | None = None) -> None:
+    """Load the model now (once per process) instead of on the first request; returns None, as in 1.x."""
+    create_app(model_dir=model_dir).model()

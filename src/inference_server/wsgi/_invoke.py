@@ -1,0 +1,233 @@
+"""One request lifecycle for every protocol: drain admission, the body, the deadline, the model slot, the batcher,
+and cleanup in the reply body's ``close()``.
+
+A protocol module turns its request into a :class:`Target` and (later) its own decoding, calls
+:meth:`Lifecycle.invoke`, and gets a reply whose body is an iterable of buffers; the work that must follow the
+answer (leaving the drain's count) runs when the server closes that body, so that an answer may be streamed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+from inference_server import _deadlines, batching, codecs
+from inference_server._pipeline import Pipeline
+from inference_server._settings import Settings
+from inference_server.errors import GatewayTimeout, RequestTimeout, ServiceUnavailable
+from inference_server.wsgi._body import read_body
+from inference_server.wsgi._replies import Body, Reply, Request
+
+if TYPE_CHECKING:
+    from _typeshed.wsgi import WSGIEnvironment
+
+logger = logging.getLogger("inference_server")
+
+#: Seconds an overrunning request's work may go on after its 504 before the worker is replaced.
+RECYCLE_GRACE = 2.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Backend:
+    """What the HTTP server running the app does or leaves to it (each backend of ``server/`` gives its own)."""
+
+    #: Copy body buffers to ``bytes`` as PEP 3333 requires; False hands servers the arrays' own memory.
+    bytes_only: bool = True
+    #: Read the body on the server's own thread, not on the helper that has a deadline (granian: its body read,
+    #: called from a thread of ours, stalls the whole worker while the client is slow to send). The body then has
+    #: no deadline of ours (no 408) and ``--timeout`` counts from its arrival.
+    read_on_server_thread: bool = False
+    #: Check the head here as RFC 9112 asks, for servers that do not: one Host header (none at all is an error in
+    #: HTTP/1.1), and a header section within ``--max-header-bytes`` (granian's own bound is loose: a head that
+    #: arrives in one large read passes up to about twice the size).
+    check_head: bool = False
+    #: Sends ``100 Continue`` when the server leaves it to the app (gunicorn: only once the body is wanted).
+    send_continue: Callable[[WSGIEnvironment], None] | None = None
+    #: When the request reached the server (``time.monotonic()``), for servers that can say (gunicorn): one that was
+    #: waiting for a server thread when the drain began is answered, not refused.
+    arrival: Callable[[WSGIEnvironment], float | None] | None = None
+
+
+class WorkerState(Protocol):
+    """What the app needs of the serving process's shared state (``server._state.Worker`` when ``serve`` runs it)."""
+
+    @property
+    def draining(self) -> bool: ...
+
+    @property
+    def draining_since(self) -> float: ...
+
+    def enter(self) -> None: ...
+
+    def leave(self) -> None: ...
+
+    def request_recycle(self, reason: str) -> None: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """What a request invokes: a pipeline, its model (``model()`` loads it on first use) and its batcher, if any."""
+
+    pipeline: Pipeline
+    model: Callable[[], Any]
+    batcher: batching.Batcher | None = None
+
+    @classmethod
+    def serving(cls, pipeline: Pipeline, settings: Settings) -> Target:
+        """The pipeline's own model, micro-batched when the settings or the ``batching`` hook ask for it."""
+        options = batching_options(pipeline, settings)
+        batcher = batching.Batcher.for_hooks(options, pipeline.pm, pipeline.predict) if options.enabled else None
+        return cls(pipeline, pipeline.model, batcher)
+
+
+def batching_options(pipeline: Pipeline, settings: Settings) -> batching.Options:
+    """How ``pipeline``'s invocations are micro-batched (off unless asked for): options given on the command line
+    win over the ``batching`` hook, which wins over the environment; ``--threads`` groups run at once."""
+    names = {"max_batch_size": "max_batch_size", "max_batch_delay": "max_batch_delay_ms", "max_queue": "max_queue"}
+    given = {key: getattr(settings, name) for name, key in names.items()}
+    chosen = frozenset(names[name] for name in settings.given if name in names)
+    return batching.options(given, chosen, pipeline.pm.hook.batching(), settings.threads)
+
+
+class Lifecycle:
+    """The life of every invocation of one app, whatever its protocol (see the module's text)."""
+
+    def __init__(self, settings: Settings, backend: Backend) -> None:
+        self.settings = settings
+        self.backend = backend
+        #: This process's share of the server's state when ``serve`` runs it (drain flag, requests in flight).
+        self.worker: WorkerState | None = None
+        self._timeout = settings.timeout or None
+        self._model_slots = threading.BoundedSemaphore(settings.threads)
+        self._helpers = _deadlines.Pool("request")
+        self._told_no_content_type = False
+
+    def invoke(self, request: Request, target: Target) -> Reply:
+        """Answer one invocation of ``target`` with the request's body, ``Content-Type`` and ``Accept``: 200 and the
+        encoded prediction, or an exception for the app to answer (503 while draining, 408, 504, the hooks' own)."""
+        worker = self.worker
+        if worker is None:
+            return self._bounded(request, target)
+        worker.enter()
+        try:
+            if worker.draining and not self._arrived_before(worker.draining_since, request.environ):
+                raise ServiceUnavailable("the server is shutting down; send the request again")
+            status, headers, body = self._bounded(request, target)
+        except BaseException:
+            worker.leave()
+            raise
+        return status, headers, Body(body, worker.leave)
+
+    def _arrived_before(self, moment: float, environ: WSGIEnvironment) -> bool:
+        """Whether the request had reached the server before ``moment`` (then a drain answers it), as far as the
+        server says (``arrival``); without it, requests that reach the app after the drain began are refused."""
+        arrival = self.backend.arrival
+        arrived = arrival(environ) if arrival is not None else None
+        return arrived is not None and arrived < moment
+
+    def _bounded(self, request: Request, target: Target) -> Reply:
+        """Invoke on a helper thread and answer 408 or 504 if it overruns ``--read-timeout`` or ``--timeout``."""
+        if self._timeout is None:
+            return self._invoke(request, target, None)
+        environ = request.environ
+        body = None
+        if self.backend.read_on_server_thread:
+            body = read_body(environ, target.pipeline.max_body, self.backend.send_continue)
+        call = _deadlines.Call()
+        start = time.monotonic()
+        limit = min(self._timeout, self.settings.read_timeout)
+        read_deadline, deadline = start + limit, start + self._timeout
+        if body is not None:
+            read_deadline = deadline  # read already
+
+        def current_deadline() -> float:
+            return read_deadline if call.stage == _deadlines.READING else deadline
+
+        try:
+            return self._helpers.run(functools.partial(self._invoke, request, target, call, body), current_deadline)  # type: ignore[no-any-return]
+        except _deadlines.TimedOut as exc:
+            stage = call.cancel()
+            if stage == _deadlines.READING:
+                raise RequestTimeout(f"the request body did not arrive within {limit} s") from None
+            if stage == _deadlines.RUNNING:  # replace the worker if the work goes on much longer
+                timer = threading.Timer(RECYCLE_GRACE, self._recycle_if_stuck, (exc.helper, request.request_id))
+                timer.daemon = True
+                timer.start()
+            raise GatewayTimeout(
+                f"the request took longer than the server's timeout of {self._timeout} s (while {stage})"
+            ) from None
+
+    def _recycle_if_stuck(self, helper: Any, request_id: str) -> None:
+        if not helper.abandoned:
+            return
+        reason = f"request {request_id} was still running {RECYCLE_GRACE} s after its timeout"
+        if self.worker is not None:
+            self.worker.request_recycle(reason)
+        else:
+            logger.error("%s; this process cannot be replaced (it was not started by inference-server serve)", reason)
+
+    def _invoke(
+        self, request: Request, target: Target, call: _deadlines.Call | None, body: bytearray | None = None
+    ) -> Reply:
+        environ = request.environ
+        pipeline = target.pipeline
+        if body is None:
+            body = read_body(environ, pipeline.max_body, self.backend.send_continue)
+        model = target.model()
+        content_type = environ.get("CONTENT_TYPE") or self._no_content_type()
+        accept = environ.get("HTTP_ACCEPT") or "*/*"
+        if target.batcher is not None:
+            output = _batched(pipeline, target.batcher, body, content_type, accept, model, call)
+        elif call is None:
+            with self._model_slots:
+                output = pipeline.invoke(body, content_type, accept, model)
+        else:
+            call.take_slot(self._model_slots)
+            try:
+                output = pipeline.invoke(body, content_type, accept, model)
+            finally:
+                call.give_back()
+        headers = [("Content-Type", output.media_type), ("Content-Length", str(output.nbytes)), *output.headers]
+        return 200, headers, output.buffers
+
+    def _no_content_type(self) -> str:
+        """The media type of a body sent without ``Content-Type``: bytes, with a hint in the log once per worker."""
+        content_type = "application/octet-stream"
+        if not self._told_no_content_type:  # once per worker: a hint, not a complaint per request
+            self._told_no_content_type = True
+            logger.info(
+                "A request came without Content-Type, so the model receives its body as bytes (as %s); known types: %s",
+                content_type,
+                ", ".join(codecs.media_types()),
+            )
+        return content_type
+
+
+def _batched(
+    pipeline: Pipeline,
+    batcher: batching.Batcher,
+    body: bytearray,
+    content_type: str,
+    accept: str,
+    model: Any,
+    call: _deadlines.Call | None,
+) -> Any:
+    """The hooks with ``predict_fn`` run by the batcher: ``input_fn`` and ``output_fn`` on this thread."""
+    batcher.coming()
+    sent = False
+
+    def predict(data: Any) -> Any:
+        nonlocal sent
+        sent = True
+        return batcher.predict(data, model, call, coming=True)
+
+    try:
+        return pipeline.invoke(body, content_type, accept, model, predict)
+    finally:
+        if not sent:
+            batcher.gone()

@@ -1,0 +1,124 @@
+"""What a route answers: a :data:`Reply` whose body is an iterable of buffers, :class:`Body` with its cleanup, and
+the replies for JSON values and for exceptions."""
+
+from __future__ import annotations
+
+import http
+import logging
+import traceback
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import orjson
+import werkzeug.exceptions
+
+from inference_server import codecs
+from inference_server.errors import HookError, HTTPError
+
+if TYPE_CHECKING:
+    from _typeshed.wsgi import WSGIEnvironment
+
+logger = logging.getLogger("inference_server")
+
+Headers = list[tuple[str, str]]
+#: What a route handler returns: status code, headers, and the body as an iterable of bytes-like buffers (a
+#: :class:`Body` when something must happen once it is sent).
+Reply = tuple[int, Headers, Iterable[codecs.Buffer]]
+
+STATUS_LINES = {status.value: f"{status.value} {status.phrase}" for status in http.HTTPStatus}
+
+
+class Request(NamedTuple):
+    """One request as a route handler sees it."""
+
+    environ: WSGIEnvironment
+    #: The client's ``X-Request-Id`` when it is a sane one, else one made up; sent back and logged.
+    request_id: str
+    #: The values of the route's ``{name}`` segments.
+    params: dict[str, str]
+
+
+Handler = Callable[[Request], Reply]
+
+
+class Body:
+    """A response body whose cleanups run once when it was sent, or when the server gave up on it: WSGI servers call
+    ``close()`` (PEP 3333), as werkzeug's ``ClosingIterator`` relies on; reaching its end runs them too."""
+
+    __slots__ = ("_cleanups", "_iterable", "as_bytes")
+
+    def __init__(self, iterable: Iterable[codecs.Buffer], *cleanups: Callable[[], object]) -> None:
+        self._iterable = iterable
+        self._cleanups = list(cleanups)
+        #: Hand out ``bytes`` (PEP 3333's strings) instead of the buffers themselves.
+        self.as_bytes = False
+
+    def __iter__(self) -> Iterator[codecs.Buffer]:
+        convert = bytes if self.as_bytes else _flat
+        for chunk in self._iterable:
+            yield chunk if type(chunk) is bytes else convert(chunk)
+        self.close()
+
+    def close(self) -> None:
+        """Close the inner iterable if it can be, then run the cleanups (once, whoever calls first)."""
+        cleanups, self._cleanups = self._cleanups, []
+        close = getattr(self._iterable, "close", None)
+        try:
+            if cleanups and close is not None:
+                close()
+        finally:
+            for cleanup in cleanups:
+                cleanup()
+
+
+def _flat(chunk: codecs.Buffer) -> codecs.Buffer:
+    """``chunk`` as a flat view of unsigned bytes: granian 2.8's WSGI interface sends nothing (and says nothing) for
+    an iterated item whose buffer is not one (an array's own memory, Arrow's ``memoryview``), as it does for a list's.
+    A buffer that is not contiguous cannot be viewed flat, and is copied."""
+    view = memoryview(chunk)
+    return view.cast("B") if view.c_contiguous else view.tobytes()
+
+
+def close(body: Iterable[codecs.Buffer]) -> None:
+    """Close a body that will not be sent (HEAD, or a body turned into another answer)."""
+    close = getattr(body, "close", None)
+    if close is not None:
+        close()
+
+
+def json_reply(status: int, value: Any, headers: Headers | None = None) -> Reply:
+    body = orjson.dumps(value)
+    return status, [("Content-Type", "application/json"), ("Content-Length", str(len(body))), *(headers or [])], [body]
+
+
+def error_for(exc: Exception, request_id: str, environ: WSGIEnvironment, debug: bool = False) -> Reply:
+    """The reply for an exception: HTTP exceptions keep their status; anything else is a 500, logged in full.
+
+    The 500's message names the failing hook and its exception's class, never the exception's message or traceback
+    (they may hold request data) unless ``debug``.
+    """
+    if isinstance(exc, (HTTPError, werkzeug.exceptions.HTTPException)):
+        return error_reply(exc, request_id)
+    where = f"{environ['REQUEST_METHOD']} {environ.get('PATH_INFO')}"
+    if isinstance(exc, HookError):
+        hint = f"; {exc.hint}" if exc.hint else ""
+        logger.error("Request %s %s: %s%s", request_id, where, exc.summary, hint, exc_info=exc.error)
+        message, cause = f"{exc.summary}; see the server log for request {request_id}{hint}", exc.error
+    else:
+        logger.error("Request %s %s failed", request_id, where, exc_info=exc)
+        message, cause = f"the server failed ({type(exc).__name__}); see the server log for request {request_id}", exc
+    answer: dict[str, Any] = {"message": message, "request_id": request_id, "status": 500}
+    if debug:
+        answer["message"] = f"{message}: {type(cause).__name__}: {cause}"
+        answer["traceback"] = "".join(traceback.format_exception(cause))
+    return json_reply(500, answer)
+
+
+def error_reply(exc: HTTPError | werkzeug.exceptions.HTTPException, request_id: str) -> Reply:
+    status = exc.code or 500
+    _, headers, body = json_reply(status, {"message": exc.description, "request_id": request_id, "status": status})
+    if isinstance(exc, werkzeug.exceptions.HTTPException):  # werkzeug's own may carry headers (405's Allow)
+        headers.extend((k, v) for k, v in exc.get_headers() if k.lower() != "content-type")
+    else:
+        headers.extend(getattr(exc, "headers", ()))
+    return status, headers, body

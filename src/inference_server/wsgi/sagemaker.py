@@ -1,0 +1,69 @@
+"""The SageMaker container contract: ``GET /ping``, ``POST /invocations``, ``GET /execution-parameters``, and the
+OpenAPI description of the HTTP interface at ``GET /openapi.json``."""
+
+from __future__ import annotations
+
+import functools
+import importlib.resources
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from inference_server import _deadlines
+from inference_server.wsgi._replies import Reply, Request, json_reply
+
+if TYPE_CHECKING:
+    from inference_server.wsgi._app import App
+
+logger = logging.getLogger("inference_server")
+
+#: Seconds ``ping_fn`` (and the model check) may take before /ping answers 503; SageMaker waits 2 s in all.
+PING_TIMEOUT = 1.0
+_EMPTY = (("Content-Type", "text/plain"), ("Content-Length", "0"))
+
+
+def register(app: App) -> None:
+    """Add the contract's routes to ``app``."""
+    handlers = _Handlers(app)
+    app.route("/ping", handlers.ping)
+    app.route("/invocations", handlers.invocations, "POST")
+    app.route("/execution-parameters", handlers.execution_parameters)
+    app.route("/openapi.json", handlers.openapi)
+
+
+class _Handlers:
+    def __init__(self, app: App) -> None:
+        self.app = app
+        self._pings = _deadlines.Pool("ping")
+
+    def ping(self, request: Request) -> Reply:
+        """200 when the model is loaded, ``ping_fn`` says yes within PING_TIMEOUT and the server is not draining."""
+        worker = self.app.lifecycle.worker
+        if worker is not None and worker.draining:
+            return 503, list(_EMPTY), []
+        if self._pings.overrunning:
+            logger.warning("Ping: an earlier check has been running for over %s s; answering 503", PING_TIMEOUT)
+            return 503, list(_EMPTY), []
+        deadline = time.monotonic() + PING_TIMEOUT
+        try:
+            healthy = self._pings.run(self.app.pipeline.healthy, lambda: deadline)
+        except _deadlines.TimedOut:
+            logger.warning("Ping: the model check took longer than %s s; answering 503", PING_TIMEOUT)
+            healthy = False
+        return (200 if healthy else 503), list(_EMPTY), []
+
+    def invocations(self, request: Request) -> Reply:
+        return self.app.lifecycle.invoke(request, self.app.target)
+
+    def execution_parameters(self, request: Request) -> Reply:
+        return json_reply(200, self.app.pipeline.execution_parameters)
+
+    def openapi(self, request: Request) -> Reply:
+        body = _openapi_document()
+        return 200, [("Content-Type", "application/json"), ("Content-Length", str(len(body)))], [body]
+
+
+@functools.cache
+def _openapi_document() -> bytes:
+    """The OpenAPI description of the HTTP interface (``docs/openapi.yaml``, shipped as JSON)."""
+    return importlib.resources.files("inference_server").joinpath("openapi.json").read_bytes()

@@ -1,0 +1,63 @@
+"""Reply bodies: cleanups run once when the server is done with the body, and items are buffers every server sends."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from inference_server.wsgi._replies import Body
+
+
+def test_cleanups_run_once_at_the_end_or_at_close() -> None:
+    """Reaching the end of a body runs its cleanups; the server's close() after that does not run them again."""
+    calls: list[str] = []
+    body = Body([b"a", b"b"], lambda: calls.append("first"), lambda: calls.append("second"))
+    assert list(body) == [b"a", b"b"]
+    body.close()
+    assert calls == ["first", "second"]
+
+
+def test_close_before_the_end_runs_the_cleanups_and_closes_the_inner_iterable() -> None:
+    """A client that went away: close() mid-body closes the producing generator and runs the cleanups."""
+    calls: list[str] = []
+
+    def produce() -> object:
+        try:
+            yield b"a"
+            yield b"b"
+        finally:
+            calls.append("generator closed")
+
+    body = Body(produce(), lambda: calls.append("cleanup"))  # type: ignore[arg-type]
+    assert next(iter(body)) == b"a"
+    body.close()
+    assert calls == ["generator closed", "cleanup"]
+
+
+def test_a_failing_inner_close_still_runs_the_cleanups() -> None:
+    """The drain's count is left even when the inner iterable's close() raises."""
+    calls: list[str] = []
+
+    class Broken(list[bytes]):
+        def close(self) -> None:
+            raise RuntimeError("close failed")
+
+    body = Body(Broken([b"a"]), lambda: calls.append("cleanup"))
+    with pytest.raises(RuntimeError, match="close failed"):
+        body.close()
+    assert calls == ["cleanup"]
+
+
+def test_items_are_flat_unsigned_bytes_or_bytes() -> None:
+    """An array's memory is handed out as a flat view of unsigned bytes (no copy); a strided one is copied; with
+    ``as_bytes`` every item is ``bytes``, as PEP 3333 asks."""
+    array = np.arange(6.0).reshape(2, 3)
+    items = list(Body([b"head", memoryview(array), memoryview(array[:, ::2])]))
+    assert items[0] == b"head"
+    assert isinstance(items[1], memoryview)
+    assert (items[1].format, items[1].ndim, items[1].obj is not None) == ("B", 1, True)
+    assert bytes(items[1]) == array.tobytes()
+    assert items[2] == array[:, ::2].tobytes()
+    body = Body([b"head", memoryview(array)])
+    body.as_bytes = True
+    assert [type(item) for item in body] == [bytes, bytes]
