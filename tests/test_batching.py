@@ -69,6 +69,34 @@ BATCH_FN = """
 """
 
 
+#: predict_fn for JSON inputs: rows (lists) and records (dicts) answered row by row; a dict alone answered whole;
+#: MIS_SIZE drops a row of every group of several; a first row starting with 99 takes 1.5 s. Each call is logged as
+#: "rows type".
+JSON_ROWS = """
+    import os
+    import time
+
+    import inference_server
+
+    @inference_server.plugin_hook
+    def model_fn(model_dir):
+        return "model"
+
+    @inference_server.plugin_hook
+    def predict_fn(data, model):
+        with open(os.environ["CALLS_LOG"], "a") as log:
+            log.write(f"{len(data) if isinstance(data, list) else 1} {type(data).__name__}\\n")
+        if isinstance(data, dict):
+            return {"alone": data["x"]}
+        busy = isinstance(data[0], list) and data[0][0] == 99
+        time.sleep(1.5 if busy else 0.05)
+        if os.environ.get("MIS_SIZE") and len(data) > 1:
+            data = data[1:]
+        return [[value * 2 + 1 for value in row] if isinstance(row, list) else {"y": row["x"] * 2 + 1} for row in data]
+"""
+JSON = {"Content-Type": "application/json", "Accept": "application/json"}
+
+
 def _npy(array: np.ndarray) -> bytes:
     buffer = io.BytesIO()
     np.save(buffer, array)
@@ -291,6 +319,70 @@ def test_predict_batch_fn_groups_inputs_that_are_not_arrays(servers: Any, plugin
     assert sum(int(line.split()[0]) for line in objects) == 24
     arrays = _at_once(8, lambda i: _post(server, np.full((1, 2), i, dtype="f4")))
     assert all(reply.status == 200 for reply in arrays)
+
+
+@pytest.fixture
+def json_rows(servers: Any, plugin_site: Any, calls: Calls) -> Callable[..., Server]:
+    """Start a server with the JSON rows plugin (and more env)."""
+    plugin_site.add("json_rows", JSON_ROWS)
+
+    def start(*args: str, **env: str) -> Server:
+        server: Server = servers.start(*args, env={"CALLS_LOG": str(calls.path), **env})
+        return server
+
+    return start
+
+
+def test_json_rows_and_records_of_concurrent_requests_share_predict_fn(
+    json_rows: Callable[..., Server], calls: Calls
+) -> None:
+    """32 concurrent JSON clients, half sending rows (arrays of arrays) and half records (arrays of objects): their
+    rows are joined into lists for predict_fn, and each client gets exactly its own rows back."""
+    server = json_rows("--max-batch-size", "16")
+
+    def send(i: int) -> Reply:
+        body: Any = [[i, 0.5], [i, 1.5]] if i % 2 else [{"x": i}]
+        return server.request("POST", "/invocations", orjson.dumps(body), JSON)
+
+    replies = _at_once(32, send)
+    for i, reply in enumerate(replies):
+        assert reply.status == 200, reply.body
+        assert reply.json() == ([[2 * i + 1, 2.0], [2 * i + 1, 4.0]] if i % 2 else [{"y": 2 * i + 1}])
+    assert sum(calls.rows()) == 16 * 2 + 16
+    assert max(calls.rows()) > 2  # groups formed: more rows than one request sends
+    assert {line.split()[1] for line in calls.lines()} == {"list"}
+
+
+def test_a_mis_sized_json_prediction_fails_its_whole_group_with_a_message(
+    json_rows: Callable[..., Server], calls: Calls
+) -> None:
+    """8 JSON requests queued behind a busy model, whose predict_fn returns a row fewer than the group's: each gets a
+    500 saying so, never another request's rows."""
+    server = json_rows("--max-batch-size", "8", MIS_SIZE="1")
+    with concurrent.futures.ThreadPoolExecutor(9) as pool:
+        busy = pool.submit(server.request, "POST", "/invocations", b"[[99, 0]]", JSON)
+        time.sleep(0.5)
+        send = lambda i: server.request("POST", "/invocations", orjson.dumps([[i, 0]]), JSON)  # noqa: E731
+        replies = list(pool.map(send, range(8)))
+        assert busy.result().status == 200
+    assert [reply.status for reply in replies] == [500] * 8
+    for reply in replies:
+        assert "a list of 7 rows for a batch of 8 rows from 8 requests" in reply.json()["message"]
+    assert calls.rows() == [1, 8]
+
+
+def test_inputs_that_cannot_be_joined_run_alone_with_one_warning(
+    json_rows: Callable[..., Server], calls: Calls
+) -> None:
+    """JSON objects (not rows) are not joined: each runs alone, answered as its own, and the worker warns once,
+    pointing to predict_batch_fn."""
+    server = json_rows("--max-batch-size", "8")
+    replies = _at_once(12, lambda i: server.request("POST", "/invocations", orjson.dumps({"x": i}), JSON))
+    assert [reply.json() for reply in replies] == [{"alone": i} for i in range(12)]
+    assert calls.rows() == [1] * 12
+    output = server.output()
+    assert output.count("an input of type dict runs alone") == 1
+    assert "predict_batch_fn" in output
 
 
 class Hooked:

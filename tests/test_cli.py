@@ -214,3 +214,53 @@ def test_two_plugins_with_input_fn_are_named_at_start_up(servers: Any, plugin_si
     server.stop()
     warning = next(line for line in server.output().splitlines() if "input_fn is implemented by 2 plugins" in line)
     assert "'beta' runs first and wins whenever it returns something other than None; then 'alpha'" in warning
+
+
+def test_serve_strict_exits_1_on_a_start_up_warning(servers: Any, plugin_site: Any, tmp_path: Path) -> None:
+    """``serve --strict`` (or INFERENCE_SERVER_STRICT) stops start-up with exit 1 on a warning, naming it; without
+    warnings it serves."""
+    plugin_site.add("forgetful", "def predict_fn(data, model):\n    return data\n")
+    server = servers.start("--strict", plugins=["forgetful"], wait=False)
+    assert server.process.wait(30) == 1
+    last = server.output().strip().splitlines()[-1]
+    assert last.startswith("inference-server: error: --strict: 3 warning(s) at start-up, the first: ")
+    variable = servers.start(plugins=["forgetful"], env={"INFERENCE_SERVER_STRICT": "true"}, wait=False)
+    assert variable.process.wait(30) == 1
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    ok = servers.start("--strict", "--model-dir", str(model_dir), plugins=["shipping_forecast"])
+    assert ok.request("GET", "/ping").status == 200
+
+
+SCRIPT = """
+def model_fn(model_dir):
+    return "scripted"
+
+def predict_fn(data, model):
+    return f"{model}: {data}"
+
+def output_fn(prediction, accept):
+    return prediction
+"""
+
+
+def test_plugins_and_transform_take_a_script(tmp_path: Path) -> None:
+    """``plugins --script`` lists the script as the first provider of its hooks; ``transform --script`` runs a
+    job with it (``--script-defaults`` is accepted by both, from the same settings row as serve's)."""
+    script = tmp_path / "inference.py"
+    script.write_text(SCRIPT)
+    env = {"INFERENCE_SERVER_PLUGINS": ""}
+    listed = _run("plugins", "--script", str(script), "--script-defaults", "sklearn", env=env)
+    assert listed.returncode == 0, listed.stderr
+    assert f"hook predict_fn: script:{script}, then built-in" in listed.stdout
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.txt").write_text("hello")
+    done = _run("transform", str(tmp_path / "in"), str(tmp_path / "out"), "--script", str(script),
+                "--content-type", "text/plain", "--quiet", env=env)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "out" / "a.txt.out").read_text() == "scripted: hello"
+    missing = _run("plugins", "--script", str(tmp_path / "nowhere.py"), env=env)
+    assert (missing.returncode, missing.stderr.strip()) == (
+        1,
+        f"inference-server: error: --script {tmp_path}/nowhere.py: no such file",
+    )

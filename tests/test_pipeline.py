@@ -15,7 +15,7 @@ import werkzeug.test
 
 from inference_server import _pipeline, _plugins, codecs, plugin_hook
 from inference_server._settings import Settings
-from inference_server.errors import DecodeError, HookError
+from inference_server.errors import DecodeError, HookError, UnsupportedMediaType
 
 NPY = "application/x-npy"
 NPZ = "application/x-npz"
@@ -88,18 +88,15 @@ def test_a_hook_raising_is_named_and_http_errors_pass_through() -> None:
     pipeline = _pipeline_with(Failing())
     with pytest.raises(HookError) as caught:
         pipeline.invoke(b"x", "application/octet-stream", "*/*", pipeline.model())
-    assert (caught.value.hook, caught.value.summary, caught.value.hint) == (
-        "predict_fn",
-        "predict_fn raised ValueError",
-        "",
-    )
+    assert (caught.value.hook, caught.value.summary) == ("predict_fn", "predict_fn raised ValueError")
     assert "secret" not in str(caught.value)
     with pytest.raises(werkzeug.exceptions.ImATeapot):
         pipeline.invoke(b"teapot", "application/octet-stream", "*/*", pipeline.model())
 
 
-def test_bytes_for_want_of_a_codec_are_the_hint() -> None:
-    """A body whose Content-Type no codec knows reaches the model as bytes; if the model fails, the hint says so."""
+def test_bytes_for_want_of_a_codec_that_the_model_fails_on_are_a_415() -> None:
+    """A body whose Content-Type no codec knows reaches the model as bytes; if the model fails on them, the client's
+    type is the likely mistake: a 415 naming it, caused by the model's exception."""
 
     class Strict:
         @plugin_hook
@@ -107,11 +104,12 @@ def test_bytes_for_want_of_a_codec_are_the_hint() -> None:
             return data["location"]
 
     pipeline = _pipeline_with(Strict())
-    with pytest.raises(HookError) as caught:
+    with pytest.raises(UnsupportedMediaType) as caught:
         pipeline.invoke(b'{"location": "Fair Isle"}', "application/jsn", "*/*", pipeline.model())
-    assert caught.value.hint.startswith(
-        "the Content-Type application/jsn matched no codec, so the model received bytes; known types: application/x-npy"
-    )
+    assert caught.value.description.startswith("the Content-Type application/jsn matches no codec")
+    assert isinstance(caught.value.__cause__, TypeError)
+    with pytest.raises(HookError):  # a known type that the model fails on is the model's error
+        pipeline.invoke(b'{"location": 1}', "application/octet-stream", "*/*", pipeline.model())
 
 
 def test_accept_reaches_output_fn_parsed_once() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 from typing import Any
 
@@ -21,7 +22,8 @@ NAMED = """
 def test_second_server_on_a_port_exits_and_the_first_keeps_all_traffic(
     servers: Any, plugin_site: Any, backend: str
 ) -> None:
-    """A second ``serve`` on the same port exits 1 naming the port and the holder; every request reaches the first."""
+    """A second ``serve`` on the same port exits 1 naming the port and the serving process that holds it (not one of
+    its workers); every request reaches the first; killing the named pid frees the port."""
     plugin_site.add("first", NAMED.format(name="first"))
     plugin_site.add("second", NAMED.format(name="second"))
     first = servers.start("--server", backend, plugins=["first"])
@@ -29,11 +31,19 @@ def test_second_server_on_a_port_exits_and_the_first_keeps_all_traffic(
                            wait=False)  # fmt: skip
     assert second.process.wait(30) == 1
     lines = second.output().strip().splitlines()
-    assert lines[-1].startswith(f"inference-server: error: port {first.port} on 127.0.0.1 is already in use (by pid ")
-    assert lines[-1].endswith("; choose another with --port or SAGEMAKER_BIND_TO_PORT")
+    pid = first.process.pid
+    assert lines[-1] == (
+        f"inference-server: error: port {first.port} on 127.0.0.1 is already in use by inference-server serve "
+        f"(pid {pid}; kill {pid} stops it); choose another with --port or SAGEMAKER_BIND_TO_PORT"
+    )
     assert "Traceback" not in second.output()
     bodies = {first.request("POST", "/invocations", b"x").body for _ in range(20)}
     assert bodies == {b"first"}
+    os.kill(pid, signal.SIGTERM)
+    assert first.process.wait(30) == 0
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind(("127.0.0.1", first.port))
 
 
 @pytest.mark.parametrize("backend", ["granian", "gunicorn"])

@@ -98,3 +98,35 @@ def test_an_endpoint_that_is_not_listening_fails_the_job_at_once(tmp_path: Path,
     """No server at the URL: the job stops before any file, saying it cannot connect (exit 1)."""
     with pytest.raises(TransformError, match="cannot connect"):
         EndpointPredictor(f"http://127.0.0.1:{unused_port}")
+
+
+def test_a_mistyped_content_type_is_sent_once(servers: Any, plugin_site: Any, tmp_path: Path) -> None:
+    """``--content-type text/cvs``: the model fails on the bytes no codec decoded, the container answers 415 and the
+    job sends the request once, not once per retry."""
+    plugin_site.add(
+        "arrays",
+        """
+        import os
+
+        import inference_server
+
+        @inference_server.plugin_hook
+        def predict_fn(data, model):
+            with open(os.environ["CALLS_LOG"], "a") as log:
+                log.write("call\\n")
+            return data.shape
+        """,
+    )
+    log = tmp_path / "calls.log"
+    server = servers.start(env={"CALLS_LOG": str(log)})
+    predictor = EndpointPredictor(f"http://127.0.0.1:{server.port}", retries=3)
+    try:
+        predictor.ready()
+        with pytest.raises(PredictionError) as raised:
+            predictor.predict(b"1,2\n3,4\n", "text/cvs")
+    finally:
+        predictor.close()
+    assert raised.value.status == 415
+    assert "text/cvs matches no codec" in raised.value.message
+    assert "not retried" in raised.value.message
+    assert log.read_text().splitlines() == ["call"]

@@ -52,8 +52,9 @@ class Entry:
         return self.model
 
     def _load(self) -> None:
-        if warn_missing_dir:
-            check_model_dir(self.model_dir)
+        warning = missing_dir(self.model_dir) if warn_missing_dir else None
+        if warning:
+            logger.warning("%s", warning)
         logger.info("Loading the model from %s", self.model_dir)
         try:
             self.model = self.pipeline.load_model(self.model_dir)
@@ -118,10 +119,11 @@ class Models:
 store = Models()
 
 
-def check_model_dir(model_dir: str) -> None:
-    """Warn when ``model_dir`` does not exist: often a mistake, though model_fn may not need it."""
-    if not os.path.isdir(model_dir):
-        logger.warning("Model directory %s does not exist; model_fn decides whether that matters", model_dir)
+def missing_dir(model_dir: str) -> str | None:
+    """The warning when ``model_dir`` does not exist (often a mistake, though model_fn may not need it), else None."""
+    if os.path.isdir(model_dir):
+        return None
+    return f"Model directory {model_dir} does not exist; model_fn decides whether that matters"
 
 
 def cache_clear() -> None:

@@ -20,7 +20,7 @@ from werkzeug.datastructures import MIMEAccept
 
 from inference_server import _models, _plugins, _script, codecs, default_plugin
 from inference_server._settings import BatchStrategy, Settings
-from inference_server.errors import ConfigurationError, HookError, HTTPError, ModelLoadError
+from inference_server.errors import ConfigurationError, HookError, HTTPError, ModelLoadError, UnsupportedMediaType
 
 logger = logging.getLogger("inference_server")
 
@@ -160,7 +160,9 @@ class Pipeline:
         except (HTTPError, HookError, werkzeug.exceptions.HTTPException):
             raise
         except Exception as exc:
-            raise HookError(hook, exc, hint=_bytes_hint(body, data, content_type)) from exc
+            if data is body and codecs.lookup(content_type) is None:
+                raise _unknown_type(hook, exc, content_type) from exc
+            raise HookError(hook, exc) from exc
 
 
 @codecs.cache_short(256)
@@ -169,13 +171,24 @@ def parse_accept(header: str) -> MIMEAccept:
     return werkzeug.http.parse_accept_header(header or "*/*", MIMEAccept)
 
 
-def _bytes_hint(body: codecs.Buffer, data: Any, content_type: str) -> str:
-    """Why a hook after ``input_fn`` may have failed: the body reached it as bytes, for want of a codec."""
-    if data is not body or codecs.lookup(content_type) is not None:
-        return ""
-    return (
-        f"the Content-Type {codecs.bare(content_type) or '(none)'} matched no codec, so the model received bytes; "
-        f"known types: {', '.join(codecs.media_types())}"
+#: What ``curl -d`` sends when it is not told the body's type.
+FORM = "application/x-www-form-urlencoded"
+
+
+def _unknown_type(hook: str, exc: Exception, content_type: str) -> UnsupportedMediaType:
+    """The 415 for a body that no codec decodes and that the model, given its bytes, failed on: the client's
+    ``Content-Type`` is the likely mistake (a typo, or none given), not the model."""
+    bare = codecs.bare(content_type) or "(none)"
+    logger.info("%s raised %s on a %s body, which no codec decodes; answering 415", hook, type(exc).__name__, bare)
+    hint = ""
+    if bare == FORM:
+        hint = (
+            f"; {FORM} is what curl -d sends when no type is given: name the body's type, e.g. "
+            "-H 'Content-Type: application/json'"
+        )
+    return UnsupportedMediaType(
+        f"the Content-Type {bare} matches no codec, and the model could not use the body as bytes ({hook} raised "
+        f"{type(exc).__name__}){hint}; known types: {', '.join(codecs.media_types())}"
     )
 
 

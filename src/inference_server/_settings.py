@@ -358,6 +358,16 @@ class Settings:
         default_text="off",
         flag=True,
     )
+    #: Treat every start-up warning (a plugin without hooks, the built-in echo model, ...) as an error.
+    strict: bool = _variable(
+        False,
+        "INFERENCE_SERVER_STRICT",
+        _boolean,
+        "exit 1 at start-up if there is any warning (a plugin that implements no hook, the built-in echo model "
+        "served, two plugins implementing one request hook, a missing model directory), as plugins --strict does",
+        default_text="off",
+        flag=True,
+    )
     #: The settings given as options (the command line), which win over hooks that set the same (``batching``);
     #: passed on to worker processes in ``INFERENCE_SERVER_GIVEN``.
     given: frozenset[str] = dataclasses.field(default=frozenset(), compare=False)

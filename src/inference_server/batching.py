@@ -6,8 +6,12 @@ for its own prediction; ``output_fn`` runs on its thread again. Inputs are group
 - ndarrays of one dtype and one shape after axis 0 are concatenated along axis 0, ``predict_fn`` runs once on the
   whole, and its prediction (an ndarray, a dict, tuple or list of ndarrays, a pandas DataFrame or an Arrow table,
   whose leading dimension is the total of rows) is cut back into each request's rows: views, never copies;
+- lists of rows (lists of one length) or of records (dicts), as JSON and JSON Lines bodies decode, are joined into
+  one list and the prediction (a list, an ndarray, a DataFrame, a dict of columns...) is cut back the same way;
 - a plugin's ``predict_batch_fn(data, model)`` takes any group (of arrays too) as a list, one prediction per input;
-- anything else runs alone.
+- anything else runs alone (a worker says so once, at WARNING).
+
+Each group's size is logged at DEBUG.
 
 **Adaptive.** No thread of its own and no fixed window: the request that finds the model free takes the oldest
 group at once (itself, when it is alone: a lone request waits for nothing) unless other requests are still in
@@ -35,6 +39,7 @@ import collections
 import contextvars
 import dataclasses
 import itertools
+import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -45,6 +50,8 @@ import pluggy
 
 from inference_server._deadlines import RUNNING, WAITING, Call, Cancelled
 from inference_server.errors import ConfigurationError, HookError, ServiceUnavailable
+
+logger = logging.getLogger("inference_server")
 
 #: The built-in defaults: off; 5 ms of waiting for company; a queue of 4 groups.
 DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_BATCH_DELAY_MS, QUEUE_PER_BATCH = 1, 5, 4
@@ -149,6 +156,7 @@ class Batcher:
         self._free = settings.slots
         #: Requests in ``input_fn``, on their way to the queue: a free model waits for them (up to the delay).
         self._coming = 0
+        self._told_alone = False
 
     @classmethod
     def for_hooks(cls, settings: Options, pm: pluggy.PluginManager, predict: Callable[[Any, Any], Any]) -> Batcher:
@@ -184,6 +192,13 @@ class Batcher:
         :meth:`coming` before ``input_fn``.
         """
         item = _Input(data, model, self._key(data, model), call)
+        if item.key is None and not self._told_alone:
+            self._told_alone = True  # once per worker: a hint, not a complaint per request
+            logger.warning(
+                "Micro-batching: an input of type %s runs alone: only arrays and lists of rows or records are joined "
+                "with other requests' inputs; a plugin's predict_batch_fn can take any inputs as a group",
+                type(data).__name__,
+            )
         with self._lock:
             if coming:
                 self._coming -= 1
@@ -258,6 +273,12 @@ class Batcher:
         ``predict_batch_fn``, anything else together too."""
         if isinstance(data, np.ndarray) and data.ndim >= 1 and not data.dtype.hasobject:
             return (id(model), data.dtype.str, data.shape[1:])
+        if type(data) is list and data:
+            first = data[0]
+            if type(first) is list and all(type(row) is list and len(row) == len(first) for row in data):
+                return (id(model), "rows", len(first))
+            if type(first) is dict and all(type(row) is dict for row in data):
+                return (id(model), "records")
         return (id(model), "any") if self._predict_batch is not None else None
 
     def _run(self, group: list[_Input]) -> None:
@@ -266,6 +287,7 @@ class Batcher:
             if member.call is not None:
                 member.call.stage = RUNNING
         model = group[0].model
+        logger.debug("Micro-batching: a group of %d request(s)", len(group))
         if len(group) == 1 and self._predict_batch is None:
             _alone(self._predict, group[0])
             return
@@ -299,11 +321,14 @@ class Batcher:
                         "must return a list of one prediction per input",
                     )
                 return list(predictions)
-        if not isinstance(data[0], np.ndarray):
+        if isinstance(data[0], np.ndarray):
+            joined: Any = np.concatenate(data)
+        elif type(data[0]) is list:
+            joined = [row for rows in data for row in rows]
+        else:
             return None
-        rows = [len(array) for array in data]
-        prediction = self._predict(np.concatenate(data), model)
-        return split(prediction, rows)
+        rows = [len(rows) for rows in data]
+        return split(self._predict(joined, model), rows)
 
 
 def _alone(predict: Callable[[Any, Any], Any], member: _Input) -> None:

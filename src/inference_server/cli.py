@@ -9,6 +9,7 @@ import difflib
 import importlib
 import importlib.metadata
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -56,12 +57,8 @@ def _parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentPars
         + "\n".join(f"  {name}: {text}" for name, text in OTHER_VARIABLES.items()),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    for field, variable in VARIABLES.items():
-        option, help = f"--{field.replace('_', '-')}", _help(variable, field)
-        if variable.flag:
-            serve.add_argument(option, action="store_const", const="true", help=help)
-        else:
-            serve.add_argument(option, choices=variable.choices, help=help)
+    for field in VARIABLES:
+        _add_setting(serve, field)
     plugins = commands.add_parser(
         "plugins",
         help="list the plugins, which of them provides each hook, and mistakes in the set; then exit",
@@ -70,6 +67,8 @@ def _parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentPars
         "--strict if there is any warning: a container build can check its plugin set this way.",
     )
     plugins.add_argument("--strict", action="store_true", help="exit 1 if there is any warning")
+    for field in SCRIPT_SETTINGS:
+        _add_setting(plugins, field)
     return parser, {"serve": serve, "plugins": plugins, "transform": _transform_parser(commands)}
 
 
@@ -112,7 +111,33 @@ def _transform_parser(commands: Any) -> argparse.ArgumentParser:
     add("--endpoint", help="a running container's URL: send the requests there instead of to the installed hooks")
     add("--invocations-timeout-in-seconds", type=int, default=600, help="per request, with --endpoint (at most 3600)")
     add("--invocations-max-retries", type=int, default=3, help="retries of a 5xx or lost connection (at most 3)")
+    for field in SCRIPT_SETTINGS:
+        _add_setting(transform, field)
     return transform  # type: ignore[no-any-return]
+
+
+#: The settings that ``plugins`` and ``transform`` take too: which hooks run.
+SCRIPT_SETTINGS = ("script", "script_defaults")
+
+
+def _add_setting(command: argparse.ArgumentParser, field: str) -> None:
+    """The option of setting ``field``, from its row of the settings table."""
+    variable = VARIABLES[field]
+    option, help = f"--{field.replace('_', '-')}", _help(variable, field)
+    if variable.flag:
+        command.add_argument(option, action="store_const", const="true", help=help)
+    else:
+        command.add_argument(option, choices=variable.choices, help=help)
+
+
+def _export_script_settings(args: argparse.Namespace) -> None:
+    """``--script`` and ``--script-defaults`` of ``plugins`` and ``transform`` as their variables, which the job's
+    pipelines read, in this process and in its worker processes (``--workers``, Dask, Ray) alike."""
+    for field in SCRIPT_SETTINGS:
+        value = getattr(args, field)
+        env = VARIABLES[field].env
+        if value is not None and env is not None:
+            os.environ[env] = os.path.abspath(value) if field == "script" else value
 
 
 def _help(variable: Variable, field: str) -> str:
@@ -145,6 +170,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if extras:
         command.error(_unrecognized(command, extras))
+    if args.command in ("plugins", "transform"):
+        _export_script_settings(args)
     if args.command == "plugins":
         return _plugins_report(strict=args.strict)
     if args.command == "transform":

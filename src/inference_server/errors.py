@@ -80,14 +80,13 @@ class HookError(InferenceServerError):
     """A hook raised (or returned something unusable) while answering a request: the server answers 500.
 
     ``hook`` names it and ``error`` is what it raised (also the ``__cause__``); ``summary`` says it in a few words
-    without the exception's message, which may hold request data; ``hint`` says what probably went wrong.
+    without the exception's message, which may hold request data.
     """
 
-    def __init__(self, hook: str, error: BaseException, summary: str = "", hint: str = "") -> None:
+    def __init__(self, hook: str, error: BaseException, summary: str = "") -> None:
         self.hook = hook
         self.error = error
         self.summary = summary or f"{hook} raised {type(error).__name__}"
-        self.hint = hint
         super().__init__(self.summary)
 
 

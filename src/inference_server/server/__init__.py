@@ -53,9 +53,11 @@ def load_model(app: App) -> None:
         app.model()
 
 
-def _log_summary(app: App, chosen_hooks: bool = False) -> None:
+def _log_summary(app: App, chosen_hooks: bool = False) -> list[str]:
     """The start-up summary at INFO (plugins, hooks, limits), and warnings for mistakes that would stay silent
-    (``chosen_hooks``: the user chose the default hooks, so a plugin written for 1.x is not warned about)."""
+    (``chosen_hooks``: the user chose the default hooks, so a plugin written for 1.x is not warned about); returns
+    the warnings."""
+    warnings: list[str] = []
     for line in _plugins.describe(app.pm):
         logger.info("%s", line)
     settings, mb = app.settings, app.execution_parameters["MaxPayloadInMB"]
@@ -79,12 +81,11 @@ def _log_summary(app: App, chosen_hooks: bool = False) -> None:
             "bytes through: --default-hooks passthrough)"
         )
         for name in [] if chosen_hooks else _plugins.written_for_1x(app.pm):
-            logger.warning(
-                "plugin %r requires inference-server 1.x, whose built-in input_fn and output_fn passed bytes through; "
-                "here they decode and encode by media type. If its hooks expect bytes, serve with --default-hooks "
-                "passthrough (INFERENCE_SERVER_DEFAULT_HOOKS=passthrough); to keep the codecs, say "
-                "--default-hooks codecs",
-                name,
+            warnings.append(
+                f"plugin {name!r} requires inference-server 1.x, whose built-in input_fn and output_fn passed bytes "
+                "through; here they decode and encode by media type. If its hooks expect bytes, serve with "
+                "--default-hooks passthrough (INFERENCE_SERVER_DEFAULT_HOOKS=passthrough); to keep the codecs, say "
+                "--default-hooks codecs"
             )
     batching = app.batching
     if batching.enabled:
@@ -96,9 +97,12 @@ def _log_summary(app: App, chosen_hooks: bool = False) -> None:
             batching.max_batch_delay * 1000,
             batching.max_queue,
         )
-    for problem in _plugins.problems(app.pm):
-        logger.warning("%s", problem)
-    _models.check_model_dir(settings.model_dir)
+    warnings += _plugins.problems(app.pm)
+    missing = _models.missing_dir(settings.model_dir)
+    warnings += [missing] if missing else []
+    for warning in warnings:
+        logger.warning("%s", warning)
+    return warnings
 
 
 def _cannot_start(reason: str) -> int:
@@ -141,6 +145,8 @@ def serve(settings: Settings) -> int:
     problem = _port.in_use(settings)
     if problem is not None:
         return _cannot_start(problem)
-    _log_summary(app, chosen_hooks)
+    warnings = _log_summary(app, chosen_hooks)
+    if settings.strict and warnings:
+        return _cannot_start(f"--strict: {len(warnings)} warning(s) at start-up, the first: {warnings[0]}")
     _raise_file_limit()
     return backend.run(app)

@@ -51,6 +51,47 @@ def holders(port: int) -> list[int]:
     return sorted(pids)
 
 
+def _parent(pid: int) -> int | None:
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("PPid:"):
+                return int(line.split()[1]) or None
+    return None
+
+
+def _is_serve(pid: int) -> bool:
+    """Whether ``pid`` runs ``inference-server serve`` (or ``python -m inference_server serve``)."""
+    try:
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return False
+    for number, arg in enumerate(args[:-1]):
+        if (arg.endswith("inference-server") or arg == "inference_server") and "serve" in args[number + 1 :]:
+            return True
+    return False
+
+
+def owners(pids: list[int]) -> tuple[list[int], bool]:
+    """The processes to stop to free a port that ``pids`` hold: the ``inference-server serve`` process they belong
+    to (its workers hold the socket, but stop when it stops), else the holders whose parent holds nothing; and
+    whether they are ours."""
+    serving = set()
+    for pid in pids:
+        ancestor: int | None = pid
+        found = None
+        for _ in range(4):  # a worker (forked workers run the same command line), or a worker's helper process
+            if ancestor is None or (found is not None and not _is_serve(ancestor)):
+                break
+            if _is_serve(ancestor):
+                found = ancestor
+            ancestor = _parent(ancestor)
+        if found is not None:
+            serving.add(found)
+    if serving:
+        return sorted(serving), True
+    return [pid for pid in pids if _parent(pid) not in pids], False
+
+
 def in_use(settings: Settings) -> str | None:
     """Why the server cannot listen on its address and port (one line), or None when it can.
 
@@ -65,8 +106,13 @@ def in_use(settings: Settings) -> str | None:
         except OSError as exc:
             if exc.errno != errno.EADDRINUSE:
                 return f"cannot listen on {settings.host} port {settings.port}: {exc.strerror}"
-            pids = holders(settings.port)
-            by = f" (by pid {', '.join(map(str, pids))})" if pids else ""
+            pids, ours = owners(holders(settings.port))
+            named = ", ".join(map(str, pids))
+            by = ""
+            if ours:
+                by = f" by inference-server serve (pid {named}; kill {named} stops it)"
+            elif pids:
+                by = f" (by pid {named})"
             return (
                 f"port {settings.port} on {settings.host} is already in use{by}; "
                 "choose another with --port or SAGEMAKER_BIND_TO_PORT"

@@ -101,9 +101,8 @@ def error_for(exc: Exception, request_id: str, environ: WSGIEnvironment, debug: 
         return error_reply(exc, request_id)
     where = f"{environ['REQUEST_METHOD']} {environ.get('PATH_INFO')}"
     if isinstance(exc, HookError):
-        hint = f"; {exc.hint}" if exc.hint else ""
-        logger.error("Request %s %s: %s%s", request_id, where, exc.summary, hint, exc_info=exc.error)
-        message, cause = f"{exc.summary}; see the server log for request {request_id}{hint}", exc.error
+        logger.error("Request %s %s: %s", request_id, where, exc.summary, exc_info=exc.error)
+        message, cause = f"{exc.summary}; see the server log for request {request_id}", exc.error
     else:
         logger.error("Request %s %s failed", request_id, where, exc_info=exc)
         message, cause = f"the server failed ({type(exc).__name__}); see the server log for request {request_id}", exc
