@@ -114,14 +114,88 @@ def pip(python: Path | str, *args: str) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
 
 
-def make_venv(where: Path, *requirements: str) -> Path:
-    """A virtualenv at ``where`` with ``requirements`` installed from PyPI (or paths); returns its Python."""
-    import venv
+#: What the tests fetch from PyPI (virtualenvs of other versions and tools, sdists), kept between runs and keyed by
+#: what it holds, so that a second run on the same machine needs no network. INFERENCE_SERVER_TEST_CACHE moves it.
+CACHE = Path(os.environ.get("INFERENCE_SERVER_TEST_CACHE") or Path.home() / ".cache" / "inference-server-tests")
 
-    venv.create(where, with_pip=True)
-    python = where / "bin" / "python"
-    pip(python, "install", *requirements)
-    return python
+
+def cached(kind: str, key: Sequence[str], make: Callable[[Path], object]) -> Path:
+    """The directory ``make(directory)`` filled for ``key`` (and this Python): made on first use, reused after; one
+    that was left half made is made again."""
+    import hashlib
+    import shutil
+
+    digest = hashlib.sha256("\0".join([sys.version, *key]).encode()).hexdigest()[:16]
+    where = CACHE / f"{kind}-{digest}"
+    if not (where / ".complete").exists():
+        shutil.rmtree(where, ignore_errors=True)
+        where.mkdir(parents=True)
+        make(where)
+        (where / ".complete").write_text("\n".join(key) + "\n")
+    return where
+
+
+def make_venv(*requirements: str) -> Path:
+    """A virtualenv with ``requirements`` installed from PyPI, made once per machine (see :data:`CACHE`); returns
+    its Python."""
+
+    def make(where: Path) -> None:
+        import venv
+
+        venv.create(where, with_pip=True)
+        pip(where / "bin" / "python", "install", *requirements)
+
+    return cached("venv", requirements, make) / "bin" / "python"
+
+
+def downloaded(*requirements: str, sdists: bool = False) -> Path:
+    """A directory with ``requirements`` downloaded from PyPI (without dependencies; ``sdists``: source only), made
+    once per machine (see :data:`CACHE`)."""
+    only = ["--no-binary", ":all:"] if sdists else []
+    key = [*requirements, *only]
+    return cached("download", key, lambda where: pip(sys.executable, "download", "--no-deps", *only, "-d", str(where),
+                                                     *requirements))  # fmt: skip
+
+
+#: The framework containers' inference toolkits, whose code the container defaults are compared with.
+TOOLKITS = (
+    "sagemaker-pytorch-inference==2.0.25",  # its sdist carries the sagemaker_inference toolkit it was built with
+    "sagemaker-huggingface-inference-toolkit==2.6.0",
+    "multi-model-server==1.1.11",  # the Hugging Face toolkit's exceptions come from its mms.service
+    "retrying",
+)
+
+
+@pytest.fixture(scope="session")
+def toolkits() -> Iterator[None]:
+    """The toolkits' code importable (downloaded from PyPI without their dependencies on first use, never
+    installed)."""
+    import shutil
+    import tarfile
+
+    def make(site: Path) -> None:
+        where = downloaded(*TOOLKITS)
+        for wheel in where.glob("*.whl"):
+            with zipfile.ZipFile(wheel) as archive:
+                archive.extractall(site)
+        (sdist,) = where.glob("sagemaker_pytorch_inference-*.tar.gz")
+        with tarfile.open(sdist) as archive:
+            archive.extractall(site / "sdist", filter="data")
+        shutil.copytree(site / "sdist" / sdist.name.removesuffix(".tar.gz") / "src", site, dirs_exist_ok=True)
+
+    site = cached("toolkits", TOOLKITS, make)
+    sys.path.insert(0, str(site))
+    yield
+    sys.path.remove(str(site))
+
+
+def install_this_checkout(python: Path, where: Path) -> None:
+    """Install this checkout (no dependencies: the virtualenv has them) into ``python``'s virtualenv, from a wheel
+    built in ``where`` without the network."""
+    root = Path(__file__).resolve().parent.parent
+    pip(sys.executable, "wheel", "--no-deps", "--no-build-isolation", "-w", str(where), str(root))
+    (wheel,) = where.glob("inference_server-*.whl")
+    pip(python, "install", "--no-deps", "--force-reinstall", str(wheel))
 
 
 def outcome(call: Callable[[], Any]) -> tuple[str, Any]:

@@ -10,6 +10,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from inference_server import cli
 
 
@@ -245,14 +247,19 @@ def output_fn(prediction, accept):
 
 
 def test_plugins_and_transform_take_a_script(tmp_path: Path) -> None:
-    """``plugins --script`` lists the script as the first provider of its hooks; ``transform --script`` runs a
-    job with it (``--script-defaults`` is accepted by both, from the same settings row as serve's)."""
+    """``plugins --script`` lists the script as the first provider of its hooks, saying which the script defines and
+    which come from ``--script-defaults``; ``transform --script`` runs a job with it (both take the options from the
+    same settings rows as serve's)."""
     script = tmp_path / "inference.py"
     script.write_text(SCRIPT)
     env = {"INFERENCE_SERVER_PLUGINS": ""}
     listed = _run("plugins", "--script", str(script), "--script-defaults", "sklearn", env=env)
     assert listed.returncode == 0, listed.stderr
-    assert f"hook predict_fn: script:{script}, then built-in" in listed.stdout
+    assert f"plugin script:{script} ({script}, functions the script lacks from --script-defaults sklearn)" in (
+        listed.stdout
+    )
+    assert f"hook predict_fn: script:{script} (the script's), then built-in" in listed.stdout
+    assert f"hook input_fn: script:{script} (the sklearn container's default), then built-in" in listed.stdout
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "a.txt").write_text("hello")
     done = _run("transform", str(tmp_path / "in"), str(tmp_path / "out"), "--script", str(script),
@@ -264,3 +271,16 @@ def test_plugins_and_transform_take_a_script(tmp_path: Path) -> None:
         1,
         f"inference-server: error: --script {tmp_path}/nowhere.py: no such file",
     )
+
+
+@pytest.mark.parametrize("backend", ["granian", "gunicorn"])
+def test_ctrl_c_stops_at_once_with_one_info_line(servers: Any, backend: str) -> None:
+    """SIGINT to the whole process group, as Ctrl-C sends it: exit 130, one INFO line saying so, no ERROR about
+    the workers' exits."""
+    server = servers.start("--server", backend, "--workers", "2", plugins=[], new_session=True)
+    os.killpg(server.process.pid, signal.SIGINT)
+    assert server.process.wait(30) == 130
+    output = server.output()
+    assert "[INFO] inference_server: SIGINT: stopping at once" in output
+    assert "[ERROR]" not in output
+    assert "Traceback" not in output

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import ServerFactory, local_aws_env, make_venv
+from tests.conftest import ServerFactory, install_this_checkout, local_aws_env, make_venv
 
 ROOT = Path(__file__).resolve().parents[1]
 SDK_V3 = "sagemaker-core>=2,<3"  # SDK v3's core distribution: sagemaker.core.resources, serializers, deserializers
@@ -31,7 +31,16 @@ MODEL = """
 @pytest.fixture(scope="session")
 def v3_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The Python of a virtualenv with the SageMaker SDK v3 and this package."""
-    return make_venv(tmp_path_factory.mktemp("sdk-v3") / "venv", SDK_V3, str(ROOT))
+    python = make_venv(SDK_V3, *_our_dependencies())
+    install_this_checkout(python, tmp_path_factory.mktemp("wheel"))
+    return python
+
+
+def _our_dependencies() -> list[str]:
+    """This package's dependencies as pyproject.toml declares them (the cached virtualenv is keyed by them)."""
+    import tomllib
+
+    return list(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"])
 
 
 SCRIPT = """

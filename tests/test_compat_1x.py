@@ -13,17 +13,16 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import ServerFactory, make_venv, pip
+from tests.conftest import ServerFactory, downloaded, make_venv
 
 LEGACY = "inference-server==1.3.3"
 
 
 @pytest.fixture(scope="session")
 def legacy_tests(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """1.3.3's test suite, from its sdist on PyPI (downloaded now, never stored in this repository)."""
+    """1.3.3's test suite, from its sdist on PyPI (downloaded on first use, never stored in this repository)."""
     where = tmp_path_factory.mktemp("sdist")
-    pip(sys.executable, "download", "--no-deps", "--no-binary", ":all:", LEGACY, "-d", str(where))
-    (sdist,) = where.glob("inference_server-1.3.3.tar.gz")
+    (sdist,) = downloaded(LEGACY, sdists=True).glob("inference_server-1.3.3.tar.gz")
     with tarfile.open(sdist) as archive:
         archive.extractall(where, filter="data")
     tests = where / "inference_server-1.3.3" / "tests"
@@ -35,7 +34,7 @@ def legacy_tests(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def legacy_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The Python of a virtualenv with inference-server 1.3.3 installed from PyPI."""
     # 1.3.3's testing module imports pytest
-    return make_venv(tmp_path_factory.mktemp("legacy") / "venv", LEGACY, "pytest")
+    return make_venv(LEGACY, "pytest")
 
 
 def test_the_1x_test_suite_passes(legacy_tests: Path, tmp_path: Path) -> None:

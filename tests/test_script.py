@@ -362,7 +362,9 @@ def test_a_script_runs_batch_transform_and_is_listed_as_a_plugin(tmp_path: Path)
     listed = subprocess.run([*command, "plugins"], capture_output=True, text=True, timeout=60, env=env, check=False)
     assert f"plugin script:{model_dir / 'code' / 'inference.py'}" in listed.stdout
     assert "hook transform_fn" not in listed.stdout
-    assert f"hook model_fn: script:{model_dir / 'code' / 'inference.py'}, then built-in" in listed.stdout
+    script = model_dir / "code" / "inference.py"
+    assert f"hook model_fn: script:{script} (the script's), then built-in" in listed.stdout
+    assert f"hook predict_fn: script:{script} (the script's transform_fn), then built-in" in listed.stdout
 
 
 CONTEXT_WITHOUT_INPUT_FN = """

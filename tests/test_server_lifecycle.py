@@ -394,3 +394,34 @@ def test_killed_server_leaves_no_worker_behind(servers: Any, backend: str) -> No
     server.process.kill()
     server.process.wait()
     _wait_for(lambda: not any(_alive(pid) for pid in workers), 2.5, "workers outlived their server")
+
+
+#: The first worker to load takes 0.2 s, the others 20 s.
+ONE_SLOW_LOADER = """
+    import os
+    import time
+
+    import inference_server
+
+    @inference_server.plugin_hook
+    def model_fn(model_dir):
+        try:
+            os.mkdir(os.environ["FIRST_LOADER"])
+            time.sleep(0.2)
+        except FileExistsError:
+            time.sleep(20)
+        return lambda data: data
+"""
+
+
+@pytest.mark.parametrize("backend", ["granian", "gunicorn"])
+def test_sigterm_while_a_worker_loads_its_model_stops_at_once(
+    servers: Any, plugin_site: Any, tmp_path: Path, backend: str
+) -> None:
+    """SIGTERM to the serving process while one worker serves and another is still loading: the loading worker
+    stops at once, not after the load and the graceful timeout; exit 0."""
+    plugin_site.add("slow_loader", ONE_SLOW_LOADER)
+    server = servers.start("--server", backend, "--workers", "2", env={"FIRST_LOADER": str(tmp_path / "first")})
+    started = time.monotonic()
+    assert server.stop(signal.SIGTERM, timeout=30) == 0
+    assert time.monotonic() - started < 10

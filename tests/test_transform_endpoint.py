@@ -73,7 +73,7 @@ def test_a_500_is_retried_and_one_that_persists_fails_its_file(tmp_path: Path, c
     assert (tmp_path / "out" / "flaky.txt.out").read_bytes() == b"FLAKY"
     assert (tmp_path / "out" / "good.txt.out").read_bytes() == b"GOOD"
     assert not (tmp_path / "out" / "bad.txt.out").exists()
-    assert "failed: bad.txt: bad.txt: the request of records 0 to 0 answered 500: predict_fn raised ValueError" in (
+    assert "failed: bad.txt: the request of records 0 to 0 answered 500: predict_fn raised ValueError" in (
         result.stderr
     )
     assert "(4 attempts)" in result.stderr

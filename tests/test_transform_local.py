@@ -129,18 +129,23 @@ def test_split_none_sends_whole_files_and_mirrors_the_tree(job: Job) -> None:
 
 
 def test_a_failing_file_is_reported_and_the_others_complete(job: Job) -> None:
-    """A record over the limit fails its file (named, with the record's index, offset, size and the limit) and a
-    model error fails its own; the other files are written; exit status 1 with a summary."""
+    """A record over the limit fails its file (named once, with the record's index, offset, size and the limit) and
+    a model error fails its own; the other files are written; exit status 1 with a summary and, since no
+    --content-type was given, a hint that the requests were untyped."""
     job.write("big.csv", b"small\n" + b"y" * (1 << 20) + b"\n")
     job.write("bad.csv", b"fail me\n")
     job.write("good.csv", b"fine\n")
     result = job.run("--split-type", "Line", "--max-payload-in-mb", "1")
     assert result.returncode == 1
-    assert "failed: big.csv: big.csv: record 1 (at byte 6) is 1048577 bytes, over the limit of 1048576" in result.stderr
-    assert "failed: bad.csv: bad.csv: the request of records 0 to 0 failed: predict_fn raised ValueError" in (
+    assert "failed: big.csv: record 1 (at byte 6) is 1048577 bytes, over the limit of 1048576" in result.stderr
+    assert "failed: bad.csv: the request of records 0 to 0 failed: predict_fn raised ValueError" in result.stderr
+    assert "hint: the requests were sent as application/octet-stream, since no --content-type was given" in (
         result.stderr
     )
     assert "1 of 3 files transformed (0 skipped, 2 failed)" in result.stderr
+    typed = job.run("--split-type", "Line", "--max-payload-in-mb", "1", "--content-type", "text/csv")
+    assert typed.returncode == 1
+    assert "hint:" not in typed.stderr
     assert job.out("good.csv") == b"FINE\n"
     assert sorted(p.name for p in job.output.iterdir()) == ["good.csv.out"]
 
@@ -211,6 +216,12 @@ def test_resume_after_a_killed_run_completes_only_what_is_missing(job: Job) -> N
     assert not list(job.output.glob("*.incomplete"))
     os.utime(job.input / "f0.txt")  # an input newer than its output is done again
     assert "(5 skipped" in job.run(*options, "--resume").stderr
+    calls_before = len(job.calls())
+    nothing_left = job.run(*options, "--resume", env={"CALLS_LOG": str(job.log), "INFERENCE_SERVER_MODEL_DIR": ""})
+    assert nothing_left.returncode == 0, nothing_left.stderr
+    assert "(6 skipped, 0 failed)" in nothing_left.stderr
+    assert "Loading the model" not in nothing_left.stderr  # nothing left to do: the model is not loaded
+    assert len(job.calls()) == calls_before
 
 
 def test_filters_and_join_on_csv_as_sagemaker_documents_them(job: Job) -> None:
@@ -270,55 +281,6 @@ def test_a_progress_bar_on_a_terminal_and_none_in_a_file(job: Job) -> None:
     assert "records" not in quiet.stderr
 
 
-def test_plan_cuts_large_files_into_parts_and_resume_skips_finished_ones(tmp_path: Path) -> None:
-    """A file over the part size is a task per part (ceil(size / part size)); a smaller one, or any file of
-    SplitType None, is one task; with resume a file whose .out is newer has none."""
-    from inference_server.transform import TransformOptions, local, storage
-
-    (tmp_path / "in").mkdir()
-    (tmp_path / "in" / "a.csv").write_bytes(b"x\n" * (5 << 18))  # 2.5 MiB
-    (tmp_path / "in" / "b.csv").write_bytes(b"y\n")
-    source, output = storage.store(str(tmp_path / "in")), storage.store(str(tmp_path / "out"))
-    files = source.inputs()
-    options = TransformOptions(split_type="Line", part_size_mb=1)
-    assert [(t.name, t.part, t.parts) for t in local.plan(source, output, files, options)] == [
-        ("a.csv", 0, 3),
-        ("a.csv", 1, 3),
-        ("a.csv", 2, 3),
-        ("b.csv", 0, 1),
-    ]
-    whole = TransformOptions(split_type="None", part_size_mb=1)
-    assert [(t.name, t.parts) for t in local.plan(source, output, files, whole)] == [("a.csv", 1), ("b.csv", 1)]
-    (tmp_path / "out").mkdir()
-    (tmp_path / "out" / "b.csv.out").write_bytes(b"done")
-    resumed = TransformOptions(split_type="Line", part_size_mb=1, resume=True)
-    assert {t.name for t in local.plan(source, output, files, resumed)} == {"a.csv"}
-
-
-def test_finish_joins_parts_in_order_and_removes_those_of_failed_files(tmp_path: Path) -> None:
-    """finish: a file whose parts all succeeded becomes one .out, its parts joined in order; a file with a failed
-    part, or a part that never ran, is failed with the part's reason (or as stopped) and leaves nothing;
-    counts add up over all parts."""
-    from inference_server.transform import TransformSummary, local, storage
-
-    out = tmp_path / "out"
-    out.mkdir()
-    store = storage.store(str(out))
-    tasks = [local.Task(f"/in/{n}", n, p, k) for n, k in (("x", 3), ("y", 2), ("z", 2)) for p in range(k)]
-    results = {}
-    for task in tasks:
-        (out / Path(task.target(store)).name).write_bytes(b"%s%d;" % (task.name.encode(), task.part))
-        if task.name != "z" or task.part == 0:
-            failed = [("y", "y: record 3 failed")] if (task.name, task.part) == ("y", 1) else []
-            results[task] = TransformSummary(records=10, requests=2, failed=failed)
-    files = [(f"/in/{n}", n) for n in "xyzw"]  # w: finished before (resume), no task
-    summary = local.finish(str(out), files, tasks, results)
-    assert sorted(path.name for path in out.iterdir()) == ["x.out"]
-    assert (out / "x.out").read_bytes() == b"x0;x1;x2;"
-    assert summary.failed == [("y", "y: record 3 failed"), ("z", local.STOPPED)]
-    assert (summary.files, summary.skipped, summary.records, summary.requests) == (4, 1, 60, 12)
-
-
 def _peak_rss_mb(job: Job, *options: str) -> float:
     """Run the job; the peak resident memory of its process in MB (from wait4: that child's own)."""
     with (job.tmp_path / "stderr.txt").open("w+") as stderr:
@@ -350,3 +312,34 @@ def test_a_200_mb_file_streams_in_the_memory_of_a_20_mb_one(job: Job) -> None:
         job.log.unlink()
     (job.input / "data.csv").unlink()
     assert peaks[200] - peaks[20] < 25, peaks
+
+
+def test_a_model_that_fails_to_load_from_the_default_directory_names_the_option(
+    tmp_path: Path, servers: Any, plugin_site: Any
+) -> None:
+    """A job whose model_fn fails without --model-dir, where /opt/ml/model does not exist: the error says that
+    --model-dir chooses the directory, and nothing of a server (/ping) is mentioned."""
+    plugin_site.add(
+        "needs_files",
+        """
+        import os
+
+        import inference_server
+
+        @inference_server.plugin_hook
+        def model_fn(model_dir):
+            return open(os.path.join(model_dir, "weights.bin"), "rb")
+        """,
+    )
+    if Path("/opt/ml/model").exists():
+        pytest.skip("this machine has a /opt/ml/model")
+    job = Job(tmp_path, servers)
+    job.write("a.txt", b"x")
+    result = job.run()
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == (
+        "inference-server transform: error: the model failed to load: FileNotFoundError: [Errno 2] No such file or "
+        "directory: '/opt/ml/model/weights.bin' (from /opt/ml/model, which does not exist: --model-dir chooses the "
+        "model's directory)"
+    )
+    assert "/ping" not in result.stderr

@@ -175,7 +175,7 @@ def test_hook_raising_http_exception_keeps_its_status(servers: Any, plugin_site:
 
 
 def test_ping_is_503_when_ping_fn_says_unhealthy(servers: Any, plugin_site: Any) -> None:
-    """``ping_fn`` returning False makes /ping 503 with an empty body."""
+    """``ping_fn`` returning False makes /ping 503 saying so, in its body and in the log."""
     plugin_site.add(
         "sick",
         """
@@ -187,8 +187,8 @@ def test_ping_is_503_when_ping_fn_says_unhealthy(servers: Any, plugin_site: Any)
         """,
     )
     server = servers.start()
-    reply = server.request("GET", "/ping")
-    assert (reply.status, reply.body) == (503, b"")
+    reply = server.request("GET", "/ping", headers={"Accept": "*/*"})
+    assert (reply.status, reply.json()["message"]) == (503, "ping_fn returned False")
     assert "ping_fn returned False" in server.output()
 
 
@@ -441,3 +441,31 @@ def test_cleanup_runs_when_the_server_closes_the_body() -> None:
     assert b"".join(body) == b"abc"
     body.close()  # type: ignore[attr-defined]
     assert events == ["enter", "leave"]
+
+
+def test_ping_503_says_why_in_its_body() -> None:
+    """/ping answers 200 with an empty body, or 503 whose JSON error body gives the reason that was only logged, to
+    a client that accepts JSON; without Accept the 503's body is empty, as 1.x's own tests check."""
+
+    class Sick:
+        @plugin_hook
+        def ping_fn(self, model: Any) -> bool:
+            return False
+
+    class Broken:
+        @plugin_hook
+        def model_fn(self, model_dir: str) -> Any:
+            raise OSError("weights.bin: no such file")
+
+    with werkzeug.test.Client(_app()).get("/ping") as response:
+        assert (response.status_code, response.get_data()) == (200, b"")
+    for plugin, reason in [
+        (Sick(), "ping_fn returned False"),
+        (Broken(), "the model failed to load: OSError: weights.bin: no such file"),
+    ]:
+        client = werkzeug.test.Client(_app(plugin))
+        with client.get("/ping", headers={"X-Request-Id": "r1", "Accept": "*/*"}) as response:
+            assert response.status_code == 503
+            assert response.json == {"message": reason, "request_id": "r1", "status": 503}
+        with client.get("/ping") as response:
+            assert (response.status_code, response.get_data()) == (503, b"")

@@ -60,7 +60,7 @@ class Entry:
             self.model = self.pipeline.load_model(self.model_dir)
         except Exception as exc:
             self.error = exc
-            logger.exception("model_fn failed for %s; requests for this model answer 503", self.model_dir)
+            logger.exception("model_fn failed to load the model from %s", self.model_dir)
             return
         self.loaded = True
         logger.info("Loaded the model: %s", type(self.model).__name__)

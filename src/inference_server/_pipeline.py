@@ -109,16 +109,21 @@ class Pipeline:
 
     def healthy(self) -> bool:
         """Whether the model is loaded and ``ping_fn`` says it is healthy (a raising ``ping_fn`` is logged: no)."""
+        return self.unhealthy() is None
+
+    def unhealthy(self) -> str | None:
+        """Why the model cannot serve (it failed to load, ``ping_fn`` said no or raised), or None when it can."""
         try:
             healthy = bool(self.pm.hook.ping_fn(model=self.model()))
-        except ModelLoadError:
-            return False  # model_fn's traceback was logged when it failed
-        except Exception:
+        except ModelLoadError as exc:
+            return str(exc.description)  # model_fn's traceback was logged when it failed
+        except Exception as exc:
             logger.exception("ping_fn raised; answering 503")
-            return False
+            return f"ping_fn raised {type(exc).__name__}; see the server log"
         if not healthy:
             logger.warning("Ping: ping_fn returned False; answering 503")
-        return healthy
+            return "ping_fn returned False"
+        return None
 
     def predict(self, data: Any, model: Any) -> Any:
         """``predict_fn`` alone (what a batch of inputs is run with)."""

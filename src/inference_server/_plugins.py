@@ -150,10 +150,13 @@ def _providers(pm: pluggy.PluginManager, hook: str) -> list[str]:
     return [impl.plugin_name for impl in reversed(getattr(pm.hook, hook).get_hookimpls())]
 
 
-def _label(pm: pluggy.PluginManager, name: str) -> str:
+def _label(pm: pluggy.PluginManager, name: str, hook: str) -> str:
+    """How the summary names the provider of ``hook``: a plugin that says who provides which hook (a script, for
+    the functions it lacks) is named with it."""
     if name == DEFAULTS_NAME:
         return "built-in"
-    return name
+    provider = getattr(pm.get_plugin(name), "providers", {}).get(hook)
+    return f"{name} ({provider})" if provider else name
 
 
 def describe(pm: pluggy.PluginManager) -> list[str]:
@@ -163,12 +166,14 @@ def describe(pm: pluggy.PluginManager) -> list[str]:
     names = [name for name, plugin in pm.list_name_plugin() if name != DEFAULTS_NAME and plugin is not None]
     for name in names:
         source = sources.get(name)
-        where = f"{source.distribution} {source.version}, module {source.module}" if source else "registered in code"
+        where = getattr(pm.get_plugin(name), "description", None) or "registered in code"
+        if source:
+            where = f"{source.distribution} {source.version}, module {source.module}"
         lines.append(f"plugin {name} ({where})")
     if not names:
         lines.append("plugins: none (the built-in hooks only)")
     for hook in HOOK_NAMES:
-        lines.append(f"hook {hook}: {', then '.join(_label(pm, name) for name in _providers(pm, hook))}")
+        lines.append(f"hook {hook}: {', then '.join(_label(pm, name, hook) for name in _providers(pm, hook))}")
     return lines
 
 

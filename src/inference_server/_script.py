@@ -16,7 +16,7 @@ calls them:
 - an exception with an integer ``status_code`` (the toolkit's ``BaseInferenceToolkitError`` and its kind) answers
   that status with its ``message``;
 - a function the script lacks is ours (the built-in hooks), or with ``--script-defaults sklearn``, ``xgboost``,
-  ``pytorch`` or ``huggingface`` that container's default (``_containers``); ``model_fn`` the script must define
+  ``pytorch`` or ``huggingface`` that container's default (``containers``); ``model_fn`` the script must define
   unless the container has a default for it (PyTorch, Hugging Face), and then no script is needed at all.
 """
 
@@ -39,7 +39,7 @@ from typing import Any, NamedTuple
 import werkzeug.exceptions
 from werkzeug.datastructures import MIMEAccept
 
-from inference_server import _containers, batching, codecs, default_plugin
+from inference_server import batching, codecs, containers, default_plugin
 from inference_server._hookspecs import plugin_hook
 from inference_server._settings import Settings
 from inference_server.errors import PluginError
@@ -189,9 +189,19 @@ class ScriptPlugin:
                 f"{where}: transform_fn cannot be used with input_fn, predict_fn or output_fn (as in the "
                 "SageMaker inference toolkit): define transform_fn alone, or the other three"
             )
-        container = _containers.DEFAULTS[defaults]
+        container = containers.DEFAULTS[defaults]
         if "transform_fn" in functions:
             container = {name: function for name, function in container.items() if name == "model_fn"}
+        #: Who provides each hook, for the start-up summary.
+        self.providers = {name: "the script's" for name in functions}
+        self.providers |= {name: f"the {defaults} container's default" for name in container.keys() - functions.keys()}
+        if "transform_fn" in functions:
+            self.providers |= dict.fromkeys(("input_fn", "predict_fn", "output_fn"), "the script's transform_fn")
+        self.providers.setdefault("input_fn", "the built-in, starting the script's context")
+        #: What the plugin is, for the start-up summary.
+        self.description = f"{where}, functions the script lacks from --script-defaults {defaults}"
+        if module is None:
+            self.description = f"the {defaults} container's defaults, no script"
         functions = {**container, **functions}
         if "model_fn" not in functions:
             raise PluginError(f"{where} defines no model_fn: define model_fn(model_dir) to load the model")
@@ -200,7 +210,7 @@ class ScriptPlugin:
         self.context = {name: _takes_context(function, arity[name]) for name, function in functions.items()}
         self.functions = functions
         self.default_accept = (
-            _containers.FIXED_ACCEPT.get(defaults)
+            containers.FIXED_ACCEPT.get(defaults)
             or os.environ.get("SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT")
             or "application/json"
         )
@@ -318,7 +328,7 @@ def plugin(settings: Settings) -> Script | None:
     no script, a container whose defaults load the model (``--script-defaults pytorch`` or ``huggingface``) is the
     plugin alone, as the container serves a model directory without ``inference.py``."""
     path = find(settings)
-    if path is None and "model_fn" not in _containers.DEFAULTS[settings.script_defaults]:
+    if path is None and "model_fn" not in containers.DEFAULTS[settings.script_defaults]:
         return None
     name = f"script:{path}" if path is not None else f"defaults:{settings.script_defaults}"
     with _lock:

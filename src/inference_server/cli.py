@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import inference_server
-from inference_server import _plugins, _script, server
+from inference_server import _models, _plugins, _script, server
 from inference_server._hookspecs import ENTRY_POINT_GROUP
 from inference_server._plugins import PLUGINS_ENV
 from inference_server._settings import DEFAULTS, VARIABLES, Settings, Variable
@@ -84,13 +84,19 @@ def _transform_parser(commands: Any) -> argparse.ArgumentParser:
     transform.add_argument("input", metavar="INPUT", help="a file, or a directory of files")
     transform.add_argument("output", metavar="OUTPUT", help="the directory for the .out files")
     add = transform.add_argument
-    add("--content-type", default="application/octet-stream", help="the requests' Content-Type (default: %(default)s)")
+    add("--content-type", help=f"the requests' Content-Type (default: {UNTYPED})")
     add("--accept", default="*/*", help="the requests' Accept (default: %(default)s)")
     add("--split-type", default="None", choices=SPLIT_TYPES, help="how to cut files into records (default: None)")
     add("--batch-strategy", choices=["SingleRecord", "MultiRecord"], help="one record per request, or as many as fit")
     add("--max-payload-in-mb", type=int, help="largest request in MB, at most 100; 0: whole files, no limit")
     add("--max-concurrent-transforms", type=int, help="requests at once (x max payload: at most 100 MB)")
-    add("--assemble-with", default="None", choices=ASSEMBLE_WITH, help="Line: a newline after each answer")
+    add(
+        "--assemble-with",
+        default="None",
+        choices=ASSEMBLE_WITH,
+        help="Line: a newline after each answer, as SageMaker adds it: an answer that ends in a newline already "
+        "(JSON Lines, CSV) is then followed by an empty line (default: None, answers back to back)",
+    )
     add("--resume", action="store_true", help="skip inputs whose .out exists and is newer than the input")
     add("--fail-fast", action="store_true", help="stop at the first file that fails")
     add("--quiet", action="store_true", help="no progress lines and no summary")
@@ -101,6 +107,8 @@ def _transform_parser(commands: Any) -> argparse.ArgumentParser:
     add("--engine", default="local", choices=["local", "dask", "ray"], help="where the files are transformed")
     add("--engine-address", help="an existing Dask scheduler (tcp://...) or Ray cluster; else a local one")
     add("--workers", type=int, help="processes, each with its own model (default: 1; a LocalCluster's: 2)")
+    add("--dask-dashboard", metavar="HOST:PORT", help="with --engine dask and no --engine-address: serve the "
+        "LocalCluster's dashboard there, e.g. 127.0.0.1:8787 (default: no dashboard)")  # fmt: skip
     add(
         "--part-size-mb",
         type=int,
@@ -183,17 +191,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     return server.serve(settings)
 
 
+#: What transform sends without --content-type.
+UNTYPED = "application/octet-stream"
+
+
 def _transform(command: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from inference_server import _logging, transform
     from inference_server.transform import local
 
     _logging.configure(logging.WARNING if args.quiet else logging.INFO)
+    untyped = args.content_type is None
+    if untyped:
+        args.content_type = UNTYPED
     names = [field.name for field in dataclasses.fields(transform.TransformOptions)]
     try:
         options = transform.TransformOptions(**{name: getattr(args, name) for name in names})
+        if args.dask_dashboard and (args.engine != "dask" or args.engine_address):
+            command.exit(2, "inference-server transform: error: --dask-dashboard needs --engine dask, no address\n")
         if args.engine in ("dask", "ray"):
             engine = importlib.import_module(f"inference_server.transform.{args.engine}")
-            summary = engine.run(args.input, args.output, options, address=args.engine_address, workers=args.workers)
+            extra = {"dashboard": args.dask_dashboard} if args.dask_dashboard else {}
+            summary = engine.run(
+                args.input, args.output, options, address=args.engine_address, workers=args.workers, **extra
+            )
         elif args.engine_address:
             command.exit(2, "inference-server transform: error: --engine-address needs --engine dask or ray\n")
         else:
@@ -201,10 +221,20 @@ def _transform(command: argparse.ArgumentParser, args: argparse.Namespace) -> in
     except ConfigurationError as exc:
         command.exit(2, f"inference-server transform: error: {exc}\n")
     except (PluginError, TransformError, ModelLoadError) as exc:
-        print(f"inference-server transform: error: {exc}", file=sys.stderr)
+        hint = ""
+        model_dir = Settings.from_env(model_dir=args.model_dir).model_dir
+        if isinstance(exc, ModelLoadError) and args.model_dir is None and _models.missing_dir(model_dir):
+            hint = f" (from {model_dir}, which does not exist: --model-dir chooses the model's directory)"
+        print(f"inference-server transform: error: {exc}{hint}", file=sys.stderr)
         return 1
     for name, reason in summary.failed:
-        print(f"failed: {name}: {reason}", file=sys.stderr)
+        print(f"failed: {reason if reason.startswith(f'{name}: ') else f'{name}: {reason}'}", file=sys.stderr)
+    if summary.failed and untyped:
+        print(
+            f"hint: the requests were sent as {UNTYPED}, since no --content-type was given; name the files' type, "
+            "e.g. --content-type text/csv",
+            file=sys.stderr,
+        )
     if not args.quiet:
         print(summary.line(), file=sys.stderr)
     return 0 if summary.ok else 1

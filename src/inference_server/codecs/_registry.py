@@ -290,5 +290,5 @@ def _header(accept: str | Iterable[tuple[str, float]] | None) -> str:
         return "*/*"
     if isinstance(accept, str):
         return accept or "*/*"
-    header = ", ".join(f"{value};q={q}" for value, q in accept)
+    header = ", ".join(value if q == 1 else f"{value};q={q:g}" for value, q in accept)  # as the client wrote it
     return header or "*/*"

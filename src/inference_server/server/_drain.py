@@ -54,8 +54,11 @@ class Drain:
         return False
 
     def force_exit(self, signum: int, pids: list[int]) -> NoReturn:
-        """Kill the workers ``pids`` and exit at once with 128 + ``signum``."""
-        logger.warning("%s: stopping at once", signal.Signals(signum).name)
+        """Kill the workers ``pids`` and exit at once with 128 + ``signum``; the workers' deaths are not errors, so
+        nothing is logged after the one line that says so (the backend would report them as unexpected exits)."""
+        level = logging.INFO if signum == signal.SIGINT else logging.WARNING  # Ctrl-C is how one stops a server
+        logger.log(level, "%s: stopping at once", signal.Signals(signum).name)
+        logging.disable(logging.CRITICAL)
         for pid in pids:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)

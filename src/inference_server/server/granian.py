@@ -21,6 +21,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from granian import _signals as granian_signals
@@ -85,10 +86,24 @@ def granian_app() -> App:
     app.worker = _state.Worker.attach(_state.recycle_by_supervisor, settings.max_requests, settings.max_requests_jitter)
     if app.worker is not None:
         _stop_only_when_asked(app.worker)
+        signal.signal(signal.SIGTERM, _while_loading(app.worker))
     load_model(app)
     if app.worker is not None:
         app.worker.mark_ready()
     return app
+
+
+def _while_loading(state: _state.Worker) -> Callable[[int, Any], None]:
+    """The worker's SIGTERM handler until granian installs its own, once the model is loaded: the serving process's
+    stop ends the worker at once (granian would only see it after the load, and then wait out its kill timeout);
+    a SIGTERM to the whole process group is left to the serving process, which drains, then stops the worker."""
+
+    def handler(signum: int, frame: Any) -> None:
+        if state.stop_requested():
+            logger.info("Worker %d: stopped while loading the model", os.getpid())
+            os._exit(0)
+
+    return handler
 
 
 def _stop_only_when_asked(state: _state.Worker) -> None:

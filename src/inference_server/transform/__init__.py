@@ -234,9 +234,14 @@ class TransformSummary:
         done = self.files - len(self.failed) - self.skipped
         return (
             f"{done} of {self.files} files transformed ({self.skipped} skipped, {len(self.failed)} failed); "
-            f"{self.records} records in {self.requests} requests; {self.bytes_in} bytes in, {self.bytes_out} out; "
+            f"{_count(self.records, 'record')} in {_count(self.requests, 'request')}; {self.bytes_in} bytes in, "
+            f"{self.bytes_out} out; "
             f"{self.seconds:.1f} s ({rate:.0f} records/s)"
         )
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
 
 
 def transform(input: str | Path, output: str | Path, **options: Any) -> TransformSummary:

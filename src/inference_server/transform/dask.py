@@ -13,26 +13,34 @@ Needs the extra: ``pip install 'inference-server[dask]'``.
 
 from __future__ import annotations
 
+import importlib.util
+import logging
 import time
 from pathlib import Path
 from typing import Any
 
 from inference_server._settings import BatchStrategy
 from inference_server.errors import TransformError
-from inference_server.transform import TransformOptions, TransformSummary, local, storage
+from inference_server.transform import TransformOptions, TransformSummary
+from inference_server.transform.tasks import Task, finish, kept_predictor, prepare, run_task
 
 EXTRA = "pip install 'inference-server[dask]'"
 
 
-def _client(address: str | None, workers: int | None) -> Any:
+def _client(address: str | None, workers: int | None, dashboard: str | None = None) -> Any:
     try:
         from distributed import Client, LocalCluster
     except ImportError:
         raise TransformError(f"--engine dask needs dask.distributed: {EXTRA}") from None
     if address:
         return Client(address), None  # type: ignore[no-untyped-call]
+    if dashboard and importlib.util.find_spec("bokeh") is None:
+        raise TransformError("--dask-dashboard needs bokeh, which Dask's dashboard is drawn with: pip install bokeh")
+    # a cluster of our own says at INFO what it does (~30 lines a job) and where a dashboard would be: quiet unless
+    # the dashboard was asked for
+    logging.getLogger("distributed").setLevel(logging.INFO if dashboard else logging.WARNING)
     cluster = LocalCluster(  # type: ignore[no-untyped-call]
-        n_workers=workers or 2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None
+        n_workers=workers or 2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=dashboard
     )
     return Client(cluster), cluster  # type: ignore[no-untyped-call]
 
@@ -44,22 +52,22 @@ def run(
     *,
     address: str | None = None,
     workers: int | None = None,
+    dashboard: str | None = None,
 ) -> TransformSummary:
-    """Transform every input file under ``root`` into ``output`` on a Dask cluster (see the module's text)."""
+    """Transform every input file under ``root`` into ``output`` on a Dask cluster (see the module's text); a
+    LocalCluster of the job's own serves its dashboard at ``dashboard`` (``HOST:PORT``) only if given."""
     try:
         from distributed import as_completed
     except ImportError:
         raise TransformError(f"--engine dask needs dask.distributed: {EXTRA}") from None
-    files = storage.store(str(root)).inputs()
-    options = local.resolved_elsewhere(options)
     started = time.monotonic()
-    tasks = local.plan(storage.store(str(root)), storage.store(str(output)), files, options)
-    results: dict[local.Task, TransformSummary] = {}
-    client, cluster = _client(address, workers)
+    files, options, tasks = prepare(str(root), str(output), options)
+    results: dict[Task, TransformSummary] = {}
+    client, cluster = _client(address, workers, dashboard)
     try:
         futures = {
             client.submit(
-                local.run_task, str(root), str(output), task, options, pure=False, key=f"{task.name}-{task.part}"
+                run_task, str(root), str(output), task, options, pure=False, key=f"{task.name}-{task.part}"
             ): task
             for task in tasks
         }
@@ -78,7 +86,7 @@ def run(
         client.close()
         if cluster is not None:
             cluster.close()
-    summary = local.finish(str(output), files, tasks, results)
+    summary = finish(str(output), files, tasks, results)
     summary.seconds = time.monotonic() - started
     return summary
 
@@ -150,7 +158,7 @@ def predict_partition(partition: Any, options: TransformOptions, meta: Any) -> A
         text = partition.to_json(orient="records", lines=True).encode()
     strategy = options.batch_strategy
     assert strategy is not None
-    answers = local.kept_predictor(options).predict_records(
+    answers = kept_predictor(options).predict_records(
         text.splitlines(),
         options.content_type,
         options.accept,

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
-import dataclasses
 import logging
 import multiprocessing
 import shutil
@@ -18,21 +17,13 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from inference_server.errors import HookError, HTTPError, PredictionError, TransformError
-from inference_server.transform import (
-    BatchPredictor,
-    Predictor,
-    TransformOptions,
-    TransformSummary,
-    filters,
-    records,
-    storage,
-)
+from inference_server.transform import Predictor, TransformOptions, TransformSummary, filters, records, storage
 from inference_server.transform.storage import Store
+from inference_server.transform.tasks import STOPPED, Task, done, finish, predictor_for, prepare, run_task
 
 logger = logging.getLogger("inference_server")
 
@@ -177,7 +168,7 @@ class Job:
         self.task(Task(path, name))
 
     def task(self, task: Task) -> None:
-        """Transform a file, or one part of it into its part file (see :func:`plan`)."""
+        """Transform a file, or one part of it into its part file (see ``tasks.plan``)."""
         strategy = self.options.batch_strategy
         assert strategy is not None  # resolved
         part_size = self.options.part_size
@@ -202,141 +193,11 @@ class Job:
             raise TransformError(f"{name}: {exc}") from exc
 
 
-@dataclass(frozen=True)
-class Task:
-    """A unit of a job that another engine runs: a whole input file, or part ``part`` of ``parts`` of it."""
-
-    path: str
-    name: str
-    part: int = 0
-    parts: int = 1
-
-    def target(self, output: Store) -> str:
-        """Where this task writes: the file's ``.out``, or for a part, a part file that :func:`finish` joins."""
-        target = output.target(self.name)
-        return target if self.parts == 1 else f"{target}.part-{self.part:05d}"
-
-
-def done(source: Store, output: Store, path: str, name: str) -> bool:
-    """Whether the input's ``.out`` exists and is at least as new as the input (``resume`` skips it)."""
-    finished, started = output.modified(output.target(name)), source.modified(path)
-    return finished is not None and started is not None and finished >= started
-
-
-def plan(source: Store, output: Store, files: list[tuple[str, str]], options: TransformOptions) -> list[Task]:
-    """The tasks of a job run by several processes: a task per file, and a task per part of a file larger than
-    the part size (records starting in ``[k * size, (k + 1) * size)`` make part ``k``: a 10 GB file keeps a whole
-    cluster busy). With ``resume``, files already done get no task."""
-    tasks: list[Task] = []
-    size = options.part_size
-    for path, name in files:
-        if options.resume and done(source, output, path, name):
-            continue
-        parts = max(1, -(-source.size(path) // size)) if size else 1
-        tasks.extend(Task(path, name, part, parts) for part in range(parts))
-    return tasks
-
-
-STOPPED = "stopped: another file failed first (--fail-fast)"
-
-
-def finish(
-    output: str, files: list[tuple[str, str]], tasks: list[Task], results: dict[Task, TransformSummary]
-) -> TransformSummary:
-    """The job's summary from what its tasks did (a task missing from ``results`` never ran): files whose parts all
-    succeeded are joined into their ``.out`` and their part files removed; those of failed files are removed too."""
-    store = storage.store(output)
-    summary = TransformSummary(files=len(files))
-    by_file: dict[str, list[Task]] = {}
-    for task in tasks:
-        by_file.setdefault(task.name, []).append(task)
-    summary.skipped = len(files) - len(by_file)
-    for name, parts in by_file.items():
-        ran = [results[task] for task in parts if task in results]
-        for part in ran:
-            summary.add(dataclasses.replace(part, failed=[]))
-        reasons = [reason for part in ran for _, reason in part.failed]
-        failed = reasons[0] if reasons else STOPPED if len(ran) < len(parts) else ""
-        try:
-            if not failed and len(parts) > 1:
-                with store.writing(store.target(name)) as sink:
-                    for task in parts:
-                        with store.open(task.target(store)) as piece:
-                            shutil.copyfileobj(piece, sink, 1 << 20)
-        except OSError as exc:
-            failed = f"{name}: joining its parts: {exc}"
-        finally:
-            if len(parts) > 1:
-                for task in parts:
-                    store.remove(task.target(store))
-        if failed:
-            summary.failed.append((name, failed))
-    summary.failed.sort()
-    return summary
-
-
-def predictor_for(options: TransformOptions) -> Predictor:
-    """The installed hooks, or the container at ``options.endpoint``."""
-    if options.endpoint is None:
-        return BatchPredictor(model_dir=options.model_dir)
-    from inference_server.transform.endpoint import EndpointPredictor
-
-    return EndpointPredictor(
-        options.endpoint,
-        timeout=options.invocations_timeout_in_seconds,
-        retries=options.invocations_max_retries,
-        chunked=options.max_payload_in_mb == 0,
-    )
-
-
-#: This process's predictors, by model directory and endpoint, when it runs files for another process (``--workers``
-#: processes, Dask workers): loaded by the first file, kept for the rest.
-_predictors: dict[tuple[str | None, str | None], Predictor] = {}
-_predictors_lock = threading.Lock()
-
-
-def kept_predictor(options: TransformOptions) -> Predictor:
-    """This process's predictor for ``options``, made ready by the first caller and kept."""
-    key = (options.model_dir, options.endpoint)
-    with _predictors_lock:
-        predictor = _predictors.get(key)
-        if predictor is None:
-            predictor = predictor_for(options)
-            predictor.ready()
-            _predictors[key] = predictor
-    return predictor
-
-
-def resolved_elsewhere(options: TransformOptions) -> TransformOptions:
-    """The options completed from the hooks' (or the container's) execution parameters, for a job whose files run in
-    other processes: the model is not loaded here."""
-    parameters = predictor_for(options)
-    try:
-        return options.resolved(parameters.execution_parameters)
-    finally:
-        close = getattr(parameters, "close", None)
-        if close is not None:
-            close()
-
-
-def run_task(root: str, output: str, task: Task, options: TransformOptions) -> TransformSummary:
-    """One task, in a worker process: its counts, and in ``failed`` its failure if it failed."""
-    job = Job(options, kept_predictor(options), storage.store(root), storage.store(output))
-    with job.requests:
-        try:
-            job.task(task)
-        except TransformError as exc:
-            job.summary.failed.append((task.name, str(exc)))
-    return job.summary
-
-
-def _in_processes(
-    root: str, output: str, files: list[tuple[str, str]], options: TransformOptions, workers: int
-) -> TransformSummary:
+def _in_processes(root: str, output: str, options: TransformOptions, workers: int) -> TransformSummary:
     """The job's tasks in ``workers`` processes (spawned: each loads the model once, through the hooks)."""
     started = time.monotonic()
+    files, options, tasks = prepare(root, output, options)
     source = storage.store(root)
-    tasks = plan(source, storage.store(output), files, options)
     sizes = {task: source.size(task.path) // task.parts for task in tasks}
     bar = progress_bar(options, sum(sizes.values()))  # advanced task by task
     results: dict[Task, TransformSummary] = {}
@@ -376,10 +237,10 @@ def run(
     """Transform every input file under ``root`` into ``output`` (paths, or fsspec URLs such as ``s3://``); a
     failed file is reported and the others go on (all stop at the first failure with ``fail_fast``). With
     ``workers`` above 1, files are shared among that many processes, each with its own model."""
+    if workers is not None and workers > 1 and predictor is None:
+        return _in_processes(str(root), str(output), options, workers)
     source, target = storage.store(str(root)), storage.store(str(output))
     files = source.inputs()
-    if workers is not None and workers > 1 and predictor is None:
-        return _in_processes(str(root), str(output), files, resolved_elsewhere(options), workers)
     if predictor is None:
         own = predictor_for(options)
         try:
@@ -389,9 +250,12 @@ def run(
             if close is not None:
                 close()
     options = options.resolved(predictor.execution_parameters)
-    predictor.ready()  # the model loaded (or the container healthy) before any request; a failure stops the job
     job = Job(options, predictor, source, target)
     job.summary.files = len(files)
+    if options.resume and all(done(source, target, path, name) for path, name in files):
+        job.summary.skipped = len(files)  # nothing left to do: the model is not even loaded
+        return job.summary
+    predictor.ready()  # the model loaded (or the container healthy) before any request; a failure stops the job
     job.bar = progress_bar(options, sum(source.size(path) for path, _ in files))
     concurrency = options.max_concurrent_transforms or 1
     with job.requests, concurrent.futures.ThreadPoolExecutor(concurrency, thread_name_prefix="transform-file") as pool:

@@ -15,7 +15,10 @@ and outputs must be reachable from the actors (this machine, a shared file syste
     files = ray.data.from_items([{"path": "/data/in/a.csv", "name": "a.csv"}])
     options = TransformOptions(content_type="text/csv", split_type="Line")
     done = files.map_batches(
-        FileTransformer, fn_constructor_args=("/data/in", "/data/out", options), batch_size=1, concurrency=4
+        FileTransformer,
+        fn_constructor_args=("/data/in", "/data/out", options),
+        batch_size=1,
+        compute=ray.data.ActorPoolStrategy(size=4),
     ).take_all()  # one row a file: its counts, and why it failed if it did
 
 Needs the extra: ``pip install 'inference-server[ray]'``.
@@ -29,7 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from inference_server.errors import TransformError
-from inference_server.transform import TransformOptions, TransformSummary, local, storage
+from inference_server.transform import TransformOptions, TransformSummary
+from inference_server.transform.tasks import Task, finish, kept_predictor, prepare, run_task
 
 EXTRA = "pip install 'inference-server[ray]'"
 _COUNTS = ("skipped", "records", "requests", "bytes_in", "bytes_out")
@@ -42,15 +46,15 @@ class FileTransformer:
 
     def __init__(self, root: str, output: str, options: TransformOptions) -> None:
         self.root, self.output, self.options = root, output, options
-        local.kept_predictor(options)  # this actor's model, the same per-process cache as the other engines
+        kept_predictor(options)  # this actor's model, the same per-process cache as the other engines
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, list[Any]]:
         rows: dict[str, list[Any]] = {"name": [], "part": [], "failed": [], **{count: [] for count in _COUNTS}}
         size = len(batch["path"])
         parts, of = batch.get("part", [0] * size), batch.get("parts", [1] * size)
         for path, name, part, total in zip(batch["path"], batch["name"], parts, of, strict=True):
-            task = local.Task(str(path), str(name), int(part), int(total))
-            done = local.run_task(self.root, self.output, task, self.options)
+            task = Task(str(path), str(name), int(part), int(total))
+            done = run_task(self.root, self.output, task, self.options)
             rows["name"].append(task.name)
             rows["part"].append(task.part)
             rows["failed"].append(done.failed[0][1] if done.failed else "")
@@ -85,12 +89,10 @@ def run(
     workers: int | None = None,
 ) -> TransformSummary:
     """Transform every input file under ``root`` into ``output`` with Ray Data (see the module's text)."""
-    files = storage.store(str(root)).inputs()
-    options = local.resolved_elsewhere(options)
-    tasks = local.plan(storage.store(str(root)), storage.store(str(output)), files, options)
+    files, options, tasks = prepare(str(root), str(output), options)
     ray, started_here = _start(address, workers)
     began = time.monotonic()
-    results: dict[local.Task, TransformSummary] = {}
+    results: dict[Task, TransformSummary] = {}
     by_key = {(task.name, task.part): task for task in tasks}
     try:
         rows = [{"path": task.path, "name": task.name, "part": task.part, "parts": task.parts} for task in tasks]
@@ -98,7 +100,7 @@ def run(
             FileTransformer,
             fn_constructor_args=(str(root), str(output), options),
             batch_size=1,
-            concurrency=workers or 2,
+            compute=ray.data.ActorPoolStrategy(size=workers or 2),  # one model per actor, a fixed pool
         )
         for row in dataset.iter_rows():  # as the tasks finish: --fail-fast stops the rest
             part = TransformSummary(failed=[(row["name"], row["failed"])] if row["failed"] else [])
@@ -110,6 +112,6 @@ def run(
     finally:
         if started_here:
             ray.shutdown()
-    summary = local.finish(str(output), files, tasks, results)
+    summary = finish(str(output), files, tasks, results)
     summary.seconds = time.monotonic() - began
     return summary

@@ -9,7 +9,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from inference_server import _deadlines
+from inference_server import _deadlines, codecs
 from inference_server.wsgi._replies import Reply, Request, json_reply
 
 if TYPE_CHECKING:
@@ -37,20 +37,32 @@ class _Handlers:
         self._pings = _deadlines.Pool("ping")
 
     def ping(self, request: Request) -> Reply:
-        """200 when the model is loaded, ``ping_fn`` says yes within PING_TIMEOUT and the server is not draining."""
+        """200 with an empty body when the model is loaded, ``ping_fn`` says yes within PING_TIMEOUT and the server
+        is not draining; else 503 saying which (see ``_unhealthy``)."""
         worker = self.app.lifecycle.worker
         if worker is not None and worker.draining:
-            return 503, list(_EMPTY), []
+            return self._unhealthy(request, "the server is shutting down")
         if self._pings.overrunning:
             logger.warning("Ping: an earlier check has been running for over %s s; answering 503", PING_TIMEOUT)
-            return 503, list(_EMPTY), []
+            return self._unhealthy(request, f"an earlier health check has been running for over {PING_TIMEOUT} s")
         deadline = time.monotonic() + PING_TIMEOUT
         try:
-            healthy = self._pings.run(self.app.pipeline.healthy, lambda: deadline)
+            reason = self._pings.run(self.app.pipeline.unhealthy, lambda: deadline)
         except _deadlines.TimedOut:
             logger.warning("Ping: the model check took longer than %s s; answering 503", PING_TIMEOUT)
-            healthy = False
-        return (200 if healthy else 503), list(_EMPTY), []
+            reason = f"the health check (ping_fn) took longer than {PING_TIMEOUT} s"
+        if reason is not None:
+            return self._unhealthy(request, reason)
+        return 200, list(_EMPTY), []
+
+    @staticmethod
+    def _unhealthy(request: Request, reason: str) -> Reply:
+        """503 saying why, to a client that accepts JSON (curl's ``*/*`` does); a client that sends no ``Accept``
+        gets the empty body of inference-server 1.x, whose own tests check it."""
+        accept = request.environ.get("HTTP_ACCEPT")
+        if accept is None or not codecs.quality(accept, "application/json"):
+            return 503, list(_EMPTY), []
+        return json_reply(503, {"message": reason, "request_id": request.request_id, "status": 503})
 
     def invocations(self, request: Request) -> Reply:
         return self.app.lifecycle.invoke(request, self.app.target)
