@@ -158,3 +158,31 @@ def test_models_are_kept_per_plugin_set() -> None:
 
     assert _pipeline(A()).model() == "a"
     assert _pipeline(B()).model() == "b"
+
+
+def test_registering_a_plugin_loads_the_model_again_and_frees_the_old_one() -> None:
+    """Registering (or unregistering) a plugin of the manager makes its pipelines, old and new, load the model again
+    with the plugins now registered, and the old model is freed, as 1.x's cache did."""
+
+    class Fresh:
+        @plugin_hook
+        def model_fn(self, model_dir: str) -> Any:
+            return Model()
+
+    class Other:
+        @plugin_hook
+        def ping_fn(self, model: Any) -> bool:
+            return True
+
+    pm = _plugins.build_manager([], [Fresh()])
+    pipeline = Pipeline(Settings(model_dir="/m"), pm)
+    first = weakref.ref(pipeline.model())
+    other = Other()
+    pm.register(other)
+    second = pipeline.model()
+    assert second is not first()
+    gc.collect()
+    assert first() is None
+    pm.unregister(other)
+    assert pipeline.model() is not second
+    assert Pipeline(Settings(model_dir="/m"), pm).model() is pipeline.model()

@@ -112,6 +112,20 @@ def test_bytes_for_want_of_a_codec_that_the_model_fails_on_are_a_415() -> None:
         pipeline.invoke(b'{"location": 1}', "application/octet-stream", "*/*", pipeline.model())
 
 
+def test_a_model_that_takes_bytes_and_fails_otherwise_is_a_500() -> None:
+    """A body of a type no codec knows (an image) whose model fails in a way that says nothing of the data's kind
+    (out of memory): the model's error, a 500, not a 415 blaming the client."""
+
+    class ImageModel:
+        @plugin_hook
+        def predict_fn(self, data: Any, model: Any) -> Any:
+            raise RuntimeError("CUDA out of memory")
+
+    pipeline = _pipeline_with(ImageModel())
+    with pytest.raises(HookError, match="predict_fn raised RuntimeError"):
+        pipeline.invoke(b"\xff\xd8\xff", "image/jpeg", "*/*", pipeline.model())
+
+
 def test_accept_reaches_output_fn_parsed_once() -> None:
     """``output_fn`` gets werkzeug's MIMEAccept, the same object for the same header (parsed once, not per call)."""
     seen: list[Any] = []
@@ -160,8 +174,9 @@ def test_the_request_type_wins_over_the_default_accept() -> None:
     assert pipeline.invoke(b"[1, 2]", JSON, NPY, pipeline.model()).media_type == NPY
 
 
-def test_healthy_follows_ping_fn_and_the_model() -> None:
-    """``healthy()`` is ping_fn's answer; a failing model_fn or a raising ping_fn is unhealthy, not an error."""
+def test_unhealthy_follows_ping_fn_and_the_model() -> None:
+    """``unhealthy()`` is None when ping_fn says yes, else why not: a failing model_fn or a raising ping_fn is a
+    reason, not an error."""
 
     class Sick:
         @plugin_hook
@@ -178,8 +193,10 @@ def test_healthy_follows_ping_fn_and_the_model() -> None:
         def model_fn(self, model_dir: str) -> Any:
             raise OSError("weights missing")
 
-    assert _pipeline_with().healthy()
-    assert not any(_pipeline_with(plugin).healthy() for plugin in (Sick(), Raising(), Broken()))
+    assert _pipeline_with().unhealthy() is None
+    reasons = [_pipeline_with(plugin).unhealthy() for plugin in (Sick(), Raising(), Broken())]
+    assert reasons[:2] == ["ping_fn returned False", "ping_fn raised RuntimeError; see the server log"]
+    assert str(reasons[2]).startswith("the model failed to load: ")
 
 
 def test_execution_parameters_and_body_limit_come_from_the_hooks() -> None:

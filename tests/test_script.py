@@ -654,6 +654,8 @@ GROUPED = """
     def predict_fn(data, model, context):
         time.sleep(0.02)
         headers = [context.get_request_header(i, "Content-Type") for i in range(len(data))]
+        for i, header in enumerate(headers):
+            context.set_response_content_type(i, "application/x-answer-" + header.split("id=")[1])
         return np.array([[float(header.split("id=")[1]), len(data)] for header in headers])
 
     def output_fn(prediction, accept):
@@ -663,7 +665,8 @@ GROUPED = """
 
 def test_a_batched_predict_fn_reads_each_request_of_its_group_from_the_context(tmp_path: Path) -> None:
     """Under micro-batching, a script's predict_fn(data, model, context) gets its group's context: the i-th request's
-    header is the i-th input's, never one of a request outside the group."""
+    header is the i-th input's, never one of a request outside the group, and the response content type it sets for
+    the i-th request is that request's."""
     import threading
 
     import werkzeug.test
@@ -683,6 +686,7 @@ def test_a_batched_predict_fn_reads_each_request_of_its_group_from_the_context(t
             "/invocations", data=str(number), content_type=f"application/x-id; id={number}"
         )
         assert response.status_code == 200, response.get_data()
+        assert response.headers["Content-Type"] == f"application/x-answer-{number}"
         answers[number] = json.loads(response.get_data())[0]
 
     threads = [threading.Thread(target=ask, args=(number,)) for number in range(32)]

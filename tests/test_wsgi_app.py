@@ -439,6 +439,7 @@ def test_cleanup_runs_when_the_server_closes_the_body() -> None:
     body = app(environ, lambda status, headers: None)  # type: ignore[arg-type,func-returns-value]
     assert events == ["enter"]
     assert b"".join(body) == b"abc"
+    assert events == ["enter"]  # sent, but the server has not said it is done with the body
     body.close()  # type: ignore[attr-defined]
     assert events == ["enter", "leave"]
 

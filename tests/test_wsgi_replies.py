@@ -1,4 +1,4 @@
-"""Reply bodies: cleanups run once when the server is done with the body, and items are buffers every server sends."""
+"""Reply bodies: cleanups run once when the server closes the body, and items are buffers every server sends."""
 
 from __future__ import annotations
 
@@ -8,17 +8,20 @@ import pytest
 from inference_server.wsgi._replies import Body
 
 
-def test_cleanups_run_once_at_the_end_or_at_close() -> None:
-    """Reaching the end of a body runs its cleanups; the server's close() after that does not run them again."""
+def test_cleanups_run_once_when_the_server_closes_the_body() -> None:
+    """Iterating a body runs nothing; the server's close() runs its cleanups in order, and a second close() none."""
     calls: list[str] = []
     body = Body([b"a", b"b"], lambda: calls.append("first"), lambda: calls.append("second"))
     assert list(body) == [b"a", b"b"]
+    assert calls == []
+    body.close()
     body.close()
     assert calls == ["first", "second"]
 
 
-def test_close_before_the_end_runs_the_cleanups_and_closes_the_inner_iterable() -> None:
-    """A client that went away: close() mid-body closes the producing generator and runs the cleanups."""
+def test_close_closes_the_items_and_runs_the_cleanups() -> None:
+    """A client that went away: close() before the end closes the items (a producing generator) and runs the
+    cleanups."""
     calls: list[str] = []
 
     def produce() -> object:
@@ -35,7 +38,7 @@ def test_close_before_the_end_runs_the_cleanups_and_closes_the_inner_iterable() 
 
 
 def test_a_failing_inner_close_still_runs_the_cleanups() -> None:
-    """The drain's count is left even when the inner iterable's close() raises."""
+    """The drain's count is left even when the items' close() raises."""
     calls: list[str] = []
 
     class Broken(list[bytes]):
@@ -49,15 +52,13 @@ def test_a_failing_inner_close_still_runs_the_cleanups() -> None:
 
 
 def test_items_are_flat_unsigned_bytes_or_bytes() -> None:
-    """An array's memory is handed out as a flat view of unsigned bytes (no copy); a strided one is copied; with
-    ``as_bytes`` every item is ``bytes``, as PEP 3333 asks."""
+    """Prepared for granian, an array's memory is a flat view of unsigned bytes (no copy) and a strided one is
+    copied; prepared for PEP 3333's servers, every item is ``bytes``."""
     array = np.arange(6.0).reshape(2, 3)
-    items = list(Body([b"head", memoryview(array), memoryview(array[:, ::2])]))
+    items = list(Body([b"head", memoryview(array), memoryview(array[:, ::2])]).prepare(as_bytes=False))
     assert items[0] == b"head"
     assert isinstance(items[1], memoryview)
     assert (items[1].format, items[1].ndim, items[1].obj is not None) == ("B", 1, True)
     assert bytes(items[1]) == array.tobytes()
     assert items[2] == array[:, ::2].tobytes()
-    body = Body([b"head", memoryview(array)])
-    body.as_bytes = True
-    assert [type(item) for item in body] == [bytes, bytes]
+    assert [type(item) for item in Body([b"head", memoryview(array)]).prepare(as_bytes=True)] == [bytes, bytes]

@@ -31,11 +31,12 @@ class Loader(Protocol):
 class Entry:
     """One name's model: loaded at most once, by the first caller, while others wait; or why it failed."""
 
-    __slots__ = ("error", "loaded", "lock", "model", "model_dir", "pipeline")
+    __slots__ = ("error", "loaded", "lock", "model", "model_dir", "pipeline", "version")
 
-    def __init__(self, pipeline: Loader, model_dir: str) -> None:
+    def __init__(self, pipeline: Loader, model_dir: str, version: Hashable = None) -> None:
         self.pipeline = pipeline
         self.model_dir = model_dir
+        self.version = version
         self.lock = threading.Lock()
         self.loaded = False
         self.model: Any = None
@@ -73,17 +74,18 @@ class Models:
         self._entries: dict[Hashable, Entry] = {}
         self._lock = threading.Lock()
 
-    def model(self, name: Hashable, pipeline: Loader, model_dir: str) -> Any:
+    def model(self, name: Hashable, pipeline: Loader, model_dir: str, version: Hashable = None) -> Any:
         """The model named ``name``, loaded by ``pipeline`` from ``model_dir`` the first time (by one caller while
         the others wait). A load that failed is not tried again here: each call raises :class:`ModelLoadError`
-        until :meth:`load` tries again."""
+        until :meth:`load` tries again. A model loaded for another ``version`` (of the plugins) is dropped and
+        loaded again."""
         entry = self._entries.get(name)
-        if entry is not None and entry.loaded:  # the hot path takes no lock
+        if entry is not None and entry.loaded and entry.version == version:  # the hot path takes no lock
             return entry.model
         with self._lock:
             entry = self._entries.get(name)
-            if entry is None:
-                entry = self._entries[name] = Entry(pipeline, model_dir)
+            if entry is None or entry.version != version:
+                entry = self._entries[name] = Entry(pipeline, model_dir, version)
         return entry.get()
 
     def load(self, name: Hashable, pipeline: Loader, model_dir: str) -> Any:

@@ -75,12 +75,11 @@ class Pipeline:
         #: server and Batch Transform alike.
         self.script = None if script is None else script.path
         self.model_dir = settings.model_dir
-        #: The name of this pipeline's model in the process's store: pipelines of the same plugin set, script and
-        #: directory share it (``warmup()`` loads what ``create_app()`` serves); registering a plugin makes another.
+        #: The name of this pipeline's model in the process's store: pipelines of the same plugin manager, script
+        #: (and its defaults) and directory share it (``warmup()`` loads what ``create_app()`` serves).
         self.key: Hashable = (
             id(shared),
-            getattr(shared, "generation", 0),
-            None if script is None else script.name,
+            None if script is None else (script.name, settings.script_defaults),
             self.model_dir,
         )
         self._shared = shared  # held so that the id in the key is not reused while the pipeline lives
@@ -101,15 +100,12 @@ class Pipeline:
 
     def model(self) -> Any:
         """The loaded model (loading it now if needed); :class:`ModelLoadError` if ``model_fn`` failed."""
-        return _models.store.model(self.key, self, self.model_dir)
+        # registering or unregistering a plugin of the manager replaces the model, as in 1.x
+        return _models.store.model(self.key, self, self.model_dir, getattr(self._shared, "generation", 0))
 
     def load_model(self, model_dir: str) -> Any:
         """``model_fn``'s model for ``model_dir`` (no caching: see :mod:`inference_server._models`)."""
         return _plugins.call_model_fn(self.pm, model_dir)
-
-    def healthy(self) -> bool:
-        """Whether the model is loaded and ``ping_fn`` says it is healthy (a raising ``ping_fn`` is logged: no)."""
-        return self.unhealthy() is None
 
     def unhealthy(self) -> str | None:
         """Why the model cannot serve (it failed to load, ``ping_fn`` said no or raised), or None when it can."""
@@ -165,7 +161,7 @@ class Pipeline:
         except (HTTPError, HookError, werkzeug.exceptions.HTTPException):
             raise
         except Exception as exc:
-            if data is body and codecs.lookup(content_type) is None:
+            if hook == "predict_fn" and isinstance(exc, _ON_BYTES) and data is body and not codecs.lookup(content_type):
                 raise _unknown_type(hook, exc, content_type) from exc
             raise HookError(hook, exc) from exc
 
@@ -180,11 +176,22 @@ def parse_accept(header: str) -> MIMEAccept:
 FORM = "application/x-www-form-urlencoded"
 
 
+#: What code raises when it is given bytes where it expected decoded data (``data["key"]``, ``data.shape``, ...).
+_ON_BYTES = (TypeError, AttributeError, KeyError, IndexError, ValueError)
+
+
 def _unknown_type(hook: str, exc: Exception, content_type: str) -> UnsupportedMediaType:
-    """The 415 for a body that no codec decodes and that the model, given its bytes, failed on: the client's
-    ``Content-Type`` is the likely mistake (a typo, or none given), not the model."""
+    """The 415 for a body that no codec decodes and that ``predict_fn``, given its bytes, failed on as code does on
+    data of the wrong kind: the client's ``Content-Type`` is the likely mistake (a typo, or none given), not the
+    model. Other failures (a model that takes bytes and runs out of memory) stay 500s."""
     bare = codecs.bare(content_type) or "(none)"
-    logger.info("%s raised %s on a %s body, which no codec decodes; answering 415", hook, type(exc).__name__, bare)
+    logger.info(
+        "%s raised %s on a %s body, which no codec decodes; answering 415",
+        hook,
+        type(exc).__name__,
+        bare,
+        exc_info=exc,
+    )
     hint = ""
     if bare == FORM:
         hint = (

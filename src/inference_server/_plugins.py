@@ -53,17 +53,17 @@ class PluginManager(pluggy.PluginManager):
         self.add_hookspecs(HookSpecs)
         #: Installed plugins (entry points) by registered name.
         self.sources: dict[str, Source] = {}
-        #: Counts changes to the set of plugins: a pipeline's models belong to one generation (see ``_pipeline``).
+        #: Counts changes to the set of plugins: a model is loaded for one generation (see ``_pipeline``).
         self.generation = 0
 
     def register(self, plugin: object, name: str | None = None) -> str | None:
-        """Register ``plugin`` (pluggy's method); pipelines built from now on load their models anew."""
+        """Register ``plugin`` (pluggy's method); the models loaded for this manager are loaded again."""
         registered = super().register(plugin, name)
         self.generation += 1
         return registered
 
     def unregister(self, plugin: object | None = None, name: str | None = None) -> Any:
-        """Unregister ``plugin`` (pluggy's method); pipelines built from now on load their models anew."""
+        """Unregister ``plugin`` (pluggy's method); the model it loaded is no longer served."""
         unregistered = super().unregister(plugin, name)
         self.generation += 1
         return unregistered

@@ -140,6 +140,23 @@ class Context:
         return self.response_content_type
 
 
+class _GroupContext(Context):
+    """A micro-batched group's context: the i-th request's headers, and its response content type, are those of
+    the i-th member's own context (which its output_fn reads)."""
+
+    def __init__(self, model_dir: str, members: list[Context]) -> None:
+        super().__init__(model_dir)
+        self.members = members
+        self.system_properties["batch_size"] = len(members)
+        self.request_processor = [member.request_processor[0] for member in members]
+
+    def set_response_content_type(self, idx: int, value: str) -> None:
+        self.members[idx].set_response_content_type(0, value)
+
+    def get_response_content_type(self, idx: int) -> str | None:
+        return self.members[idx].get_response_content_type(0)
+
+
 #: The running request's context: set by input_fn, read by predict_fn and output_fn. Each request runs its hooks in
 #: a context of its own (``_pipeline``), so it is never seen by another request.
 _request: contextvars.ContextVar[Context] = contextvars.ContextVar("inference_server_script_request")
@@ -240,12 +257,7 @@ class ScriptPlugin:
         members = batching.members()
         if members is None:
             return _request.get(None) or Context(self.model_dir)
-        group = Context(self.model_dir)
-        group.system_properties["batch_size"] = len(members)
-        group.request_processor = [
-            (member.get(_request) or Context(self.model_dir)).request_processor[0] for member in members
-        ]
-        return group
+        return _GroupContext(self.model_dir, [member.get(_request) or Context(self.model_dir) for member in members])
 
     def _model_fn(self, model_dir: str) -> Any:
         context = Context(model_dir)

@@ -6,8 +6,9 @@ for its own prediction; ``output_fn`` runs on its thread again. Inputs are group
 - ndarrays of one dtype and one shape after axis 0 are concatenated along axis 0, ``predict_fn`` runs once on the
   whole, and its prediction (an ndarray, a dict, tuple or list of ndarrays, a pandas DataFrame or an Arrow table,
   whose leading dimension is the total of rows) is cut back into each request's rows: views, never copies;
-- lists of rows (lists of one length) or of records (dicts), as JSON and JSON Lines bodies decode, are joined into
-  one list and the prediction (a list, an ndarray, a DataFrame, a dict of columns...) is cut back the same way;
+- lists of rows (lists of one length) or of records (dicts of the same keys), as JSON and JSON Lines bodies decode,
+  are joined into one list and the prediction (a list, an ndarray, a DataFrame, a dict of columns...) is cut back
+  the same way;
 - a plugin's ``predict_batch_fn(data, model)`` takes any group (of arrays too) as a list, one prediction per input;
 - anything else runs alone (a worker says so once, at WARNING).
 
@@ -277,8 +278,8 @@ class Batcher:
             first = data[0]
             if type(first) is list and all(type(row) is list and len(row) == len(first) for row in data):
                 return (id(model), "rows", len(first))
-            if type(first) is dict and all(type(row) is dict for row in data):
-                return (id(model), "records")
+            if type(first) is dict and all(type(row) is dict and row.keys() == first.keys() for row in data):
+                return (id(model), "records", tuple(first))  # records of other fields would be joined with holes
         return (id(model), "any") if self._predict_batch is not None else None
 
     def _run(self, group: list[_Input]) -> None:

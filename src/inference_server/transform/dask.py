@@ -62,6 +62,8 @@ def run(
         raise TransformError(f"--engine dask needs dask.distributed: {EXTRA}") from None
     started = time.monotonic()
     files, options, tasks = prepare(str(root), str(output), options)
+    if not tasks:  # nothing left to do (--resume): no cluster, no model
+        return finish(str(output), files, tasks, {})
     results: dict[Task, TransformSummary] = {}
     client, cluster = _client(address, workers, dashboard)
     try:

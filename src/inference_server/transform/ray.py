@@ -90,6 +90,8 @@ def run(
 ) -> TransformSummary:
     """Transform every input file under ``root`` into ``output`` with Ray Data (see the module's text)."""
     files, options, tasks = prepare(str(root), str(output), options)
+    if not tasks:  # nothing left to do (--resume): no cluster, no model
+        return finish(str(output), files, tasks, {})
     ray, started_here = _start(address, workers)
     began = time.monotonic()
     results: dict[Task, TransformSummary] = {}

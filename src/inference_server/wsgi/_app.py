@@ -148,8 +148,7 @@ class App:
             close(body)
             return []
         if isinstance(body, Body):
-            body.as_bytes = self.backend.bytes_only
-            return body
+            return body.prepare(self.backend.bytes_only)
         if self.backend.bytes_only:
             return [chunk if isinstance(chunk, bytes) else bytes(chunk) for chunk in body]
         return body
