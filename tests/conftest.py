@@ -122,16 +122,20 @@ CACHE = Path(os.environ.get("INFERENCE_SERVER_TEST_CACHE") or Path.home() / ".ca
 def cached(kind: str, key: Sequence[str], make: Callable[[Path], object]) -> Path:
     """The directory ``make(directory)`` filled for ``key`` (and this Python): made on first use, reused after; one
     that was left half made is made again."""
+    import fcntl
     import hashlib
     import shutil
 
     digest = hashlib.sha256("\0".join([sys.version, *key]).encode()).hexdigest()[:16]
     where = CACHE / f"{kind}-{digest}"
-    if not (where / ".complete").exists():
-        shutil.rmtree(where, ignore_errors=True)
-        where.mkdir(parents=True)
-        make(where)
-        (where / ".complete").write_text("\n".join(key) + "\n")
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with open(CACHE / f"{kind}-{digest}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another test run on this machine may be making the same directory
+        if not (where / ".complete").exists():
+            shutil.rmtree(where, ignore_errors=True)
+            where.mkdir(parents=True)
+            make(where)
+            (where / ".complete").write_text("\n".join(key) + "\n")
     return where
 
 
@@ -189,13 +193,14 @@ def toolkits() -> Iterator[None]:
     sys.path.remove(str(site))
 
 
-def install_this_checkout(python: Path, where: Path) -> None:
-    """Install this checkout (no dependencies: the virtualenv has them) into ``python``'s virtualenv, from a wheel
-    built in ``where`` without the network."""
+def install_this_checkout(where: Path) -> Path:
+    """This checkout (without dependencies) installed into ``where/site``, built without the network: a directory
+    for ``PYTHONPATH`` beside a cached virtualenv that has the dependencies."""
     root = Path(__file__).resolve().parent.parent
     pip(sys.executable, "wheel", "--no-deps", "--no-build-isolation", "-w", str(where), str(root))
     (wheel,) = where.glob("inference_server-*.whl")
-    pip(python, "install", "--no-deps", "--force-reinstall", str(wheel))
+    pip(sys.executable, "install", "--no-deps", "--target", str(where / "site"), str(wheel))
+    return where / "site"
 
 
 def outcome(call: Callable[[], Any]) -> tuple[str, Any]:

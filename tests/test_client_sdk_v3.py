@@ -29,11 +29,10 @@ MODEL = """
 
 
 @pytest.fixture(scope="session")
-def v3_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The Python of a virtualenv with the SageMaker SDK v3 and this package."""
-    python = make_venv(SDK_V3, *_our_dependencies())
-    install_this_checkout(python, tmp_path_factory.mktemp("wheel"))
-    return python
+def v3_python(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The Python of a virtualenv with the SageMaker SDK v3 (and this package's dependencies), and the directory
+    holding this package for its ``PYTHONPATH``."""
+    return make_venv(SDK_V3, *_our_dependencies()), install_this_checkout(tmp_path_factory.mktemp("wheel"))
 
 
 def _our_dependencies() -> list[str]:
@@ -87,14 +86,18 @@ SCRIPT = """
 """
 
 
-def test_sdk_v3_endpoint_invoke_against_a_local_server(v3_python: Path, servers: ServerFactory, tmp_path: Path) -> None:
+def test_sdk_v3_endpoint_invoke_against_a_local_server(
+    v3_python: tuple[Path, Path], servers: ServerFactory, tmp_path: Path
+) -> None:
     """sagemaker.core.resources.Endpoint(...).invoke(...) reaches a local server through
     AWS_ENDPOINT_URL_SAGEMAKER_RUNTIME, plain, with the SDK v3's serializers and with ours."""
     servers.plugin_site.add("echo_dicts", MODEL)
     server = servers.start()
+    python, site = v3_python
     env = {**local_aws_env(f"http://127.0.0.1:{server.port}"), "HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    env["PYTHONPATH"] = str(site)
     done = subprocess.run(
-        [str(v3_python), "-c", textwrap.dedent(SCRIPT)],
+        [str(python), "-c", textwrap.dedent(SCRIPT)],
         capture_output=True,
         text=True,
         timeout=300,
