@@ -318,7 +318,8 @@ def test_a_model_that_fails_to_load_from_the_default_directory_names_the_option(
     tmp_path: Path, servers: Any, plugin_site: Any
 ) -> None:
     """A job whose model_fn fails without --model-dir, where /opt/ml/model does not exist: the error says that
-    --model-dir chooses the directory, and nothing of a server (/ping) is mentioned."""
+    --model-dir chooses the directory, in one process or in the job's worker processes, and nothing of a server
+    (/ping) is mentioned."""
     plugin_site.add(
         "needs_files",
         """
@@ -343,3 +344,7 @@ def test_a_model_that_fails_to_load_from_the_default_directory_names_the_option(
         "model's directory)"
     )
     assert "/ping" not in result.stderr
+    in_processes = job.run("--workers", "2")  # the model fails to load in the job's worker processes
+    assert in_processes.returncode == 1
+    hints = [line for line in in_processes.stderr.splitlines() if line.startswith("hint: ")]
+    assert hints == ["hint: from /opt/ml/model, which does not exist: --model-dir chooses the model's directory"]

@@ -221,15 +221,14 @@ def _transform(command: argparse.ArgumentParser, args: argparse.Namespace) -> in
     except ConfigurationError as exc:
         command.exit(2, f"inference-server transform: error: {exc}\n")
     except (PluginError, TransformError, ModelLoadError) as exc:
-        hint = ""
-        model_dir = Settings.from_env(model_dir=args.model_dir).model_dir
-        if isinstance(exc, ModelLoadError) and args.model_dir is None and _models.missing_dir(model_dir):
-            hint = f" (from {model_dir}, which does not exist: --model-dir chooses the model's directory)"
-        print(f"inference-server transform: error: {exc}{hint}", file=sys.stderr)
+        hint = _model_dir_hint(args) if isinstance(exc, ModelLoadError) else ""
+        print(f"inference-server transform: error: {exc}{hint and f' ({hint})'}", file=sys.stderr)
         return 1
     for name, reason in summary.failed:
         print(f"failed: {reason if reason.startswith(f'{name}: ') else f'{name}: {reason}'}", file=sys.stderr)
-    if summary.failed and untyped:
+    if any("ModelLoadError" in reason for _, reason in summary.failed) and (hint := _model_dir_hint(args)):
+        print(f"hint: {hint}", file=sys.stderr)  # the model failed to load in the job's worker processes
+    if untyped and any("ModelLoadError" not in reason for _, reason in summary.failed):
         print(
             f"hint: the requests were sent as {UNTYPED}, since no --content-type was given; name the files' type, "
             "e.g. --content-type text/csv",
@@ -238,6 +237,14 @@ def _transform(command: argparse.ArgumentParser, args: argparse.Namespace) -> in
     if not args.quiet:
         print(summary.line(), file=sys.stderr)
     return 0 if summary.ok else 1
+
+
+def _model_dir_hint(args: argparse.Namespace) -> str:
+    """Why a model may have failed to load: no --model-dir, and the default directory does not exist."""
+    model_dir = Settings.from_env(model_dir=args.model_dir).model_dir
+    if args.model_dir is None and _models.missing_dir(model_dir):
+        return f"from {model_dir}, which does not exist: --model-dir chooses the model's directory"
+    return ""
 
 
 def _plugins_report(*, strict: bool) -> int:
