@@ -74,10 +74,10 @@ def test_sigterm_drains_requests_in_flight(servers: Any, backend: str) -> None:
     """SIGTERM during 20 slow requests: /ping and new work get 503, all 20 are answered, then exit 0."""
     server = servers.start("--server", backend, "--workers", "2", "--threads", "4")
     replies: list[Any] = []
-    clients = [threading.Thread(target=lambda: replies.append(_post(server, b"sleep 1.5"))) for _ in range(20)]
+    clients = [threading.Thread(target=lambda: replies.append(_post(server, b"sleep 2.5"))) for _ in range(20)]
     for client in clients:
         client.start()
-    time.sleep(0.5)  # every request is in the server
+    time.sleep(1.0)  # every request is in the server (0.5 s was once too short on a loaded machine)
     server.process.send_signal(signal.SIGTERM)
     time.sleep(0.2)
     assert server.request("GET", "/ping").status == 503
@@ -86,7 +86,7 @@ def test_sigterm_drains_requests_in_flight(servers: Any, backend: str) -> None:
     assert "shutting down" in refused.json()["message"]
     for client in clients:
         client.join(30)
-    assert [(reply.status, reply.body) for reply in replies] == [(200, b"sleep 1.5")] * 20
+    assert [(reply.status, reply.body) for reply in replies] == [(200, b"sleep 2.5")] * 20
     assert server.process.wait(20) == 0
 
 
