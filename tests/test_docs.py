@@ -1,0 +1,465 @@
+"""The documentation site: every example runs, the generated reference is current, and the site builds strictly.
+
+How code blocks in ``docs/`` are written (fences start a line and name their language; tests below enforce it):
+
+- ``python``: run in the page's order, in one namespace per page, in the page's working directory.
+- ``sh``: run with bash (``set -euo pipefail``) in the page's working directory; variables it exports reach the
+  page's later blocks. ``curl`` fails on an HTTP error status, unless the block's answer is shown (below). Two kinds
+  of command are not given to bash: ``[VAR=value ...] inference-server serve ...`` starts the page's server in the
+  background (on a free port, one worker unless the page says otherwise; a later one replaces it), and the test waits
+  until ``/ping`` answers 200; ``pip install ...`` is checked, not run: an ``inference-server[extra]`` must name an
+  extra of ``pyproject.toml``, other packages must be installed in the test environment, and a local project (a
+  directory with a ``pyproject.toml``) is made importable with its entry points, as an install would.
+- ``localhost:8080`` in ``python`` and ``sh`` blocks means the page's server.
+- A ``json`` or ``text`` block right after a ``sh`` block (nothing but blank lines between) is what that block
+  prints: ``json`` equal as JSON, each number to the precision the page writes it with (``0.98`` matches
+  ``0.9812``), ``"..."`` standing for any value; ``text`` equal line for line. Other ``json`` and ``toml`` blocks must
+  parse.
+- ``title="path"`` names a file: under ``examples/`` it shows this repository's file and must be an excerpt of it
+  (whole lines, in order, none skipped); any other path is written into the page's working directory when the page
+  reaches it (``python`` files are compiled, not run; they run as what the page makes of them).
+- ``console``: commands that cannot run here (a new virtualenv, docker, an AWS account): only on the pages of
+  :data:`UNEXECUTED`, each with its reason.
+- ``text``: output, listings and diagrams, never commands or code.
+
+Each page runs in a fresh working directory laid out as the root of a checkout (``examples/`` is this repository's),
+with the plugins of :data:`INSTALLED` installed (``INFERENCE_SERVER_PLUGINS``) and the virtualenv's commands first on
+``PATH``.
+"""
+
+from __future__ import annotations
+
+import decimal
+import importlib.metadata
+import importlib.util
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+import yaml
+
+from inference_server._hookspecs import HOOK_NAMES
+from tests.conftest import Server
+
+tomllib = pytest.importorskip("tomllib", reason="reading pyproject.toml needs Python 3.11")
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+PAGES = sorted(path.relative_to(DOCS).as_posix() for path in DOCS.rglob("*.md"))
+
+#: Pages whose ``console`` blocks cannot run here, and why. Keep it short: every other command runs.
+UNEXECUTED = {
+    "tutorial.md": "creates a virtualenv and installs into it",
+    "deploy/container.md": "builds and runs a container image (tests/test_container.py runs the same build)",
+    "deploy/sagemaker.md": "needs an AWS account: ECR, S3, Model.deploy(), Batch Transform jobs",
+    "how-to/client.md": "the SageMaker SDK v3 cannot be installed beside v2 (tests/test_client_sdk_v3.py runs it)",
+    "contributing.md": "runs this checkout's own scripts: the test suite, the docs server, the page generators",
+}
+#: The plugins the reader of each page has installed when the page starts (none unless listed).
+INSTALLED = {
+    "tutorial.md": "shipping_forecast",
+    "how-to/client.md": "shipping_forecast",
+    "how-to/tune.md": "sklearn_model",
+}
+LANGUAGES = {"python", "sh", "json", "toml", "console", "text"}
+
+_FENCE = re.compile(r"^```(?P<info>[^\n`]*)\n(?P<code>.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
+_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+#: Lines a ``text`` block must not start with: those are commands or code, which must run.
+_CODE_LINE = re.compile(r"^\s*(\$ |>>> |curl |inference-server |python |pip |import |from \S+ import |def |class )")
+
+
+@dataclass
+class Block:
+    """One fenced block of a page."""
+
+    language: str
+    title: str | None
+    code: str
+    line: int
+    #: The next block follows this one with nothing but blank lines between.
+    output: Block | None = None
+
+
+def _blocks(page: str) -> list[Block]:
+    text = (DOCS / page).read_text()
+    blocks: list[Block] = []
+    end = -1
+    for match in _FENCE.finditer(text):
+        info = match["info"].strip()
+        title = re.search(r'title="([^"]*)"', info)
+        block = Block(info.split(" ")[0], title and title[1], match["code"], text.count("\n", 0, match.start()) + 1)
+        if blocks and text[end : match.start()].strip() == "":
+            blocks[-1].output = block
+        blocks.append(block)
+        end = match.end()
+    return blocks
+
+
+def _nav_pages(items: Any) -> list[str]:
+    if isinstance(items, str):
+        return [items]
+    if isinstance(items, dict):
+        return [page for value in items.values() for page in _nav_pages(value)]
+    return [page for item in items for page in _nav_pages(item)]
+
+
+class _Written(float):
+    """A number as the page writes it: ``precision`` is half a unit of its last digit."""
+
+    precision: float
+
+
+def _written(text: str) -> _Written:
+    number = _Written(text)
+    number.precision = 0.5 * 10.0 ** int(decimal.Decimal(text).as_tuple().exponent)
+    return number
+
+
+def _matches(expected: Any, actual: Any) -> bool:
+    """Whether printed JSON is what the page shows (parsed with :func:`_written` numbers)."""
+    if expected == "...":
+        return True
+    if isinstance(expected, dict):
+        return (
+            isinstance(actual, dict)
+            and expected.keys() == actual.keys()
+            and all(_matches(value, actual[key]) for key, value in expected.items())
+        )
+    if isinstance(expected, list):
+        return isinstance(actual, list) and len(expected) == len(actual) and all(map(_matches, expected, actual))
+    if isinstance(expected, _Written):
+        return isinstance(actual, (int, float)) and abs(actual - expected) <= expected.precision * (1 + 1e-9)
+    return bool(expected == actual and type(expected) is type(actual))
+
+
+def _commands(code: str) -> list[str]:
+    """The block's logical lines: continuation lines joined to theirs."""
+    return code.replace("\\\n", " ").splitlines()
+
+
+def _words(command: str) -> tuple[dict[str, str], list[str]]:
+    """A command's leading ``VAR=value`` assignments and the rest of its words."""
+    try:
+        words = shlex.split(command, comments=True)
+    except ValueError:
+        return {}, []
+    assignments = {}
+    while words and _ASSIGNMENT.match(words[0]):
+        name, value = words.pop(0).split("=", 1)
+        assignments[name] = value
+    if any(word in ("&&", "||", ";", "|") for word in words):
+        return {}, []
+    return assignments, words
+
+
+def _kind(command: str) -> str:
+    _, words = _words(command)
+    if len(words) >= 2 and Path(words[0]).name == "inference-server" and words[1] == "serve":
+        return "serve"
+    if len(words) >= 2 and Path(words[0]).name in ("pip", "pip3") and words[1] == "install":
+        return "pip"
+    return "bash"
+
+
+@dataclass
+class PageRun:
+    """The state of one page being run: its directory, environment, namespace and server."""
+
+    page: str
+    work: Path
+    site: Path
+    logs: Path
+    monkeypatch: pytest.MonkeyPatch
+    env: dict[str, str] = field(default_factory=dict)
+    namespace: dict[str, Any] = field(default_factory=dict)
+    server: Server | None = None
+    servers: list[Server] = field(default_factory=list)
+
+    def where(self, block: Block) -> str:
+        return f"docs/{self.page}:{block.line}"
+
+    def on_port(self, text: str, block: Block) -> str:
+        if "localhost:8080" not in text and "127.0.0.1:8080" not in text:
+            return text
+        if self.server is None:
+            pytest.fail(f"{self.where(block)} talks to localhost:8080, but the page started no server before it")
+        address = f"127.0.0.1:{self.server.port}"
+        return text.replace("localhost:8080", address).replace("127.0.0.1:8080", address)
+
+    # python ------------------------------------------------------------------------------------------------------
+
+    def python(self, block: Block) -> None:
+        for name in set(os.environ) | set(self.env):
+            if name not in self.env:
+                self.monkeypatch.delenv(name)
+            elif os.environ.get(name) != self.env[name]:
+                self.monkeypatch.setenv(name, self.env[name])
+        source = "\n" * block.line + self.on_port(block.code, block)  # tracebacks give the page's line numbers
+        exec(compile(source, f"docs/{self.page}", "exec"), self.namespace)
+
+    # sh ----------------------------------------------------------------------------------------------------------
+
+    def sh(self, block: Block) -> None:
+        expected = block.output if block.output is not None and block.output.language in ("json", "text") else None
+        output = ""
+        pending: list[str] = []
+        for command in [*_commands(block.code), None]:
+            kind = "end" if command is None else _kind(command)
+            if kind == "bash":
+                pending.append(command or "")
+                continue
+            if pending:
+                output += self.bash("\n".join(pending), block, fail_on_http_errors=expected is None)
+                pending = []
+            if kind == "serve":
+                self.serve(command or "", block)
+            elif kind == "pip":
+                self.pip(command or "", block)
+        if expected is not None and expected.language == "text":
+            printed = [line.rstrip() for line in output.rstrip().splitlines()]
+            shown = [line.rstrip() for line in expected.code.rstrip().splitlines()]
+            assert printed == shown, f"{self.where(block)} printed:\n{output}\nthe page shows:\n{expected.code}"
+        elif expected is not None:
+            try:
+                actual = orjson.loads(output)
+            except orjson.JSONDecodeError:
+                pytest.fail(f"{self.where(block)} printed {output!r}, not the JSON the page shows")
+            want = json.loads(expected.code, parse_float=_written, parse_int=_written)
+            assert _matches(want, actual), f"{self.where(block)} printed {actual!r}; the page shows {expected.code}"
+
+    def bash(self, script: str, block: Block, *, fail_on_http_errors: bool) -> str:
+        env_file = self.logs / "env"
+        fail = "--fail-with-body" if fail_on_http_errors else ""
+        prelude = f'set -euo pipefail\ncurl() {{ command curl --silent --show-error {fail} "$@"; }}\n'
+        epilogue = f'\nenv -0 > "{env_file}"\n'
+        done = subprocess.run(
+            ["bash", "-c", prelude + self.on_port(script, block) + epilogue],
+            env=self.env,
+            cwd=self.work,
+            capture_output=True,
+            text=True,
+            timeout=90,
+            check=False,
+        )
+        if done.returncode != 0:
+            log = f"\nserver log:\n{self.server.output()[-3000:]}" if self.server else ""
+            pytest.fail(
+                f"{self.where(block)} exited with {done.returncode}:\n{script}\n"
+                f"stdout:\n{done.stdout[-3000:]}\nstderr:\n{done.stderr[-3000:]}{log}"
+            )
+        exported = dict(item.split("=", 1) for item in env_file.read_text().split("\0") if "=" in item)
+        self.env = {name: value for name, value in exported.items() if name not in ("_", "SHLVL", "PWD", "OLDPWD")}
+        return done.stdout
+
+    def serve(self, command: str, block: Block) -> None:
+        assignments, words = _words(command)
+        if self.server is not None:
+            self.server.stop()
+        env = {"SAGEMAKER_MODEL_SERVER_WORKERS": "1", **self.env, **assignments}
+        self.server = Server(words[2:], env, self.logs / f"server-{len(self.servers)}.log")
+        self.servers.append(self.server)
+        try:
+            self.server.wait_ready(60)
+        except AssertionError as exc:
+            pytest.fail(f"{self.where(block)}: {command}\n{exc}")
+        ping = self.server.request("GET", "/ping")
+        assert ping.status == 200, f"{self.where(block)}: /ping answered {ping.status}:\n{self.server.output()}"
+
+    def pip(self, command: str, block: Block) -> None:
+        _, words = _words(command)
+        for word in words[2:]:
+            if word.startswith("-"):
+                continue
+            project = self.work / word
+            if (project / "pyproject.toml").is_file():
+                self.install(project)
+                continue
+            requirement = re.match(r"([A-Za-z0-9_.-]+)(?:\[([^\]]*)\])?", word)
+            assert requirement, f"{self.where(block)}: cannot read the requirement {word!r}"
+            name, extras = requirement[1], requirement[2]
+            if name == "inference-server" and extras:
+                ours = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+                unknown = {extra.strip() for extra in extras.split(",")} - set(ours)
+                assert not unknown, f"{self.where(block)}: inference-server has no extra {', '.join(unknown)}"
+            try:
+                importlib.metadata.distribution(name)
+            except importlib.metadata.PackageNotFoundError:
+                pytest.fail(f"{self.where(block)} installs {name}, which the test environment lacks")
+
+    def install(self, project: Path) -> None:
+        """What ``pip install`` of a local project gives: its packages importable, its entry points registered."""
+        project_table = tomllib.loads((project / "pyproject.toml").read_text())["project"]
+        groups = project_table.get("entry-points", {})
+        try:
+            importlib.metadata.distribution(project_table["name"])  # this repository's examples are installed
+        except importlib.metadata.PackageNotFoundError:
+            self.make_importable(project, project_table)
+        plugins = [self.env.get("INFERENCE_SERVER_PLUGINS", ""), *groups.get("inference_server", {})]
+        self.env["INFERENCE_SERVER_PLUGINS"] = ",".join(plugin for plugin in plugins if plugin)
+
+    def make_importable(self, project: Path, project_table: dict[str, Any]) -> None:
+        """The project's packages on the path (in this process too) and its metadata and entry points in a
+        ``.dist-info``, as installing it would leave them."""
+        name, version = project_table["name"], project_table["version"]
+        dist_info = self.site / f"{name.replace('-', '_')}-{version}.dist-info"
+        dist_info.mkdir(parents=True)
+        (dist_info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+        (dist_info / "entry_points.txt").write_text(
+            "".join(
+                f"[{group}]\n" + "".join(f"{entry} = {target}\n" for entry, target in points.items())
+                for group, points in project_table.get("entry-points", {}).items()
+            )
+        )
+        src = project / "src"
+        paths = [str(self.site), str(src if src.is_dir() else project)]
+        self.env["PYTHONPATH"] = os.pathsep.join([*paths, self.env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+        for path in paths:
+            self.monkeypatch.syspath_prepend(path)
+
+    # files -------------------------------------------------------------------------------------------------------
+
+    def file(self, block: Block) -> None:
+        assert block.title is not None
+        if block.language == "python":
+            compile(block.code, f"{self.where(block)} ({block.title})", "exec")
+        if block.language == "toml":
+            tomllib.loads(block.code)
+        if block.title.startswith("examples/"):
+            lines, excerpt = (ROOT / block.title).read_text().splitlines(), block.code.splitlines()
+            assert any(lines[i : i + len(excerpt)] == excerpt for i in range(len(lines))), (
+                f"{self.where(block)} is not an excerpt of {block.title}: copy it from the file again"
+            )
+            return
+        path = self.work / block.title
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(block.code)
+
+    def stop(self) -> None:
+        for server in self.servers:
+            server.stop()
+
+
+def _run_page(page: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    work, site, logs = tmp_path / "work", tmp_path / "site", tmp_path / "logs"
+    for directory in (work, site, logs):
+        directory.mkdir()
+    (work / "examples").symlink_to(ROOT / "examples")
+    env = {
+        **os.environ,
+        "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
+        "INFERENCE_SERVER_PLUGINS": INSTALLED.get(page, ""),
+        # Hermetic AWS clients: no configuration files, no instance metadata (the pages export dummy credentials).
+        "AWS_EC2_METADATA_DISABLED": "true",
+        "AWS_CONFIG_FILE": "/nonexistent",
+        "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent",
+    }
+    run = PageRun(page, work, site, logs, monkeypatch, env)
+    monkeypatch.chdir(work)
+    try:
+        blocks = _blocks(page)
+        outputs = {id(block.output) for block in blocks if block.language == "sh" and block.output is not None}
+        for block in blocks:
+            if block.title is not None:
+                run.file(block)
+            elif block.language == "python":
+                run.python(block)
+            elif block.language == "sh":
+                run.sh(block)
+            elif block.language == "json" and id(block) not in outputs:
+                orjson.loads(block.code)
+            elif block.language == "toml":
+                tomllib.loads(block.code)
+    finally:
+        run.stop()
+
+
+def _executable(page: str) -> bool:
+    return any(block.language in ("python", "sh") or block.title for block in _blocks(page))
+
+
+@pytest.mark.parametrize("page", [page for page in PAGES if _executable(page)])
+def test_page_examples_run(page: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every python and sh block of the page runs, in order, and the output the page shows is what it prints."""
+    _run_page(page, tmp_path, monkeypatch)
+
+
+def test_code_blocks_follow_the_convention() -> None:
+    """Fences start a line and name a known language; console blocks only on UNEXECUTED pages; text is not code."""
+    problems = []
+    for page in PAGES:
+        text = (DOCS / page).read_text()
+        for match in re.finditer(r"^[ \t]+```|^~~~", text, flags=re.MULTILINE):
+            problems.append(f"{page}:{text.count(chr(10), 0, match.start()) + 1}: an indented or ~~~ fence is not run")
+        for block in _blocks(page):
+            where = f"{page}:{block.line}"
+            if block.language not in LANGUAGES:
+                problems.append(f"{where}: fence language {block.language!r}, not one of {sorted(LANGUAGES)}")
+            if block.language == "console" and page not in UNEXECUTED:
+                problems.append(f"{where}: a console block is never run; run it as sh, or add the page to UNEXECUTED")
+            if block.language == "text" and any(_CODE_LINE.match(line) for line in block.code.splitlines()):
+                problems.append(f"{where}: a text block holds commands or code, which must run (sh or python)")
+    assert not problems, "\n".join(problems)
+
+
+def test_unexecuted_list_is_current() -> None:
+    """Every page allowed console blocks still has one, so the list of what cannot run stays short and true."""
+    stale = [page for page in UNEXECUTED if not any(block.language == "console" for block in _blocks(page))]
+    assert not stale, f"no console block left on {stale}: remove them from UNEXECUTED"
+
+
+def _generator() -> Any:
+    spec = importlib.util.spec_from_file_location("docs_reference", ROOT / "scripts" / "docs_reference.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("path", ["reference/cli.md", "reference/settings.md", "reference/http.md"])
+def test_generated_reference_is_current(path: str) -> None:
+    """The committed CLI, settings and HTTP reference pages are what the generator writes from the code now."""
+    generator = _generator()
+    assert set(generator.PAGES) == {"reference/cli.md", "reference/settings.md", "reference/http.md"}
+    assert (DOCS / path).read_text() == generator.PAGES[path](), (
+        f"docs/{path} is out of date: run python scripts/docs_reference.py"
+    )
+
+
+def test_hooks_reference_lists_every_hook() -> None:
+    """Every hook of the specification has its row in the hooks reference."""
+    page = (DOCS / "reference" / "hooks.md").read_text()
+    missing = [name for name in HOOK_NAMES if f"| `{name}(" not in page]
+    assert not missing, f"docs/reference/hooks.md has no row for {missing}"
+
+
+def test_every_page_is_in_the_nav() -> None:
+    """mkdocs.yml's nav lists every page under docs/ exactly once."""
+    config = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
+    nav = _nav_pages(config["nav"])
+    assert sorted(nav) == PAGES
+
+
+def test_site_builds_strictly(tmp_path: Path) -> None:
+    """mkdocs build --strict succeeds (every link and anchor resolves), into a directory outside the repository."""
+    done = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "-d", str(tmp_path / "site")],
+        cwd=ROOT,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},  # Material's banner about its successor, printed every build
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-5000:]
+    assert (tmp_path / "site" / "index.html").is_file()
+    assert not (ROOT / "site").exists()
