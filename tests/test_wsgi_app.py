@@ -398,12 +398,13 @@ def test_http_exceptions_from_werkzeug_keep_their_status() -> None:
 
 
 def test_a_new_protocol_is_one_module_that_registers_routes() -> None:
-    """The example protocol of docs/architecture.md, executed: its pattern route runs the served model through the
-    lifecycle, its segment reaches the handler, and the route table lists it in 404s and answers 405 with Allow."""
+    """The example protocol of docs/explanation/architecture.md, executed: its pattern route runs the served model
+    through the lifecycle, its segment reaches the handler, and the route table lists it in 404s and answers 405
+    with Allow."""
     page = (Path(__file__).resolve().parent.parent / "docs" / "explanation" / "architecture.md").read_text()
     example = re.findall(r"```python\n(.*?)```", page, flags=re.DOTALL)[0]
     namespace: dict[str, Any] = {}
-    exec(compile(example, "docs/architecture.md", "exec"), namespace)
+    exec(compile(example, "docs/explanation/architecture.md", "exec"), namespace)
     app = _app(_Echo())
     namespace["register"](app)
     client = werkzeug.test.Client(wsgiref.validate.validator(app))

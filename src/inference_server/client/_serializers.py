@@ -3,7 +3,8 @@
 Each returns what the SDK's class of the same name returns for the same data (``str`` where the SDK returns
 ``str``, text byte for byte as the SDK writes it, the object a file-like's ``read()`` gives) and raises the same
 exception types, so they drop into ``sagemaker.Predictor`` and into code written against the SDK. The deliberate
-differences (never pickling; NumPy values inside JSON written instead of refused) are listed in the README.
+differences (never pickling; NumPy values inside JSON written instead of refused) are listed in
+docs/reference/client.md.
 ``NpzSerializer`` and ``ArrowSerializer`` are ours; they encode with the codecs the server decodes with.
 """
 
