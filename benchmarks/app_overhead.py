@@ -10,6 +10,8 @@ Run: ``.venv/bin/python benchmarks/app_overhead.py``.
 from __future__ import annotations
 
 import io
+import logging
+import os
 import statistics
 import time
 from collections.abc import Callable, Iterable
@@ -19,7 +21,7 @@ import orjson
 import werkzeug
 import werkzeug.exceptions
 
-from inference_server import _plugins, plugin_hook
+from inference_server import _logging, _plugins, plugin_hook
 from inference_server._settings import Settings
 from inference_server.wsgi._app import App
 
@@ -90,17 +92,29 @@ def per_request(app: WSGIApp, count: int) -> float:
 
     started = time.perf_counter()
     for _ in range(count):
-        b"".join(app(environ(), start_response))
+        body = app(environ(), start_response)
+        b"".join(body)
+        close = getattr(body, "close", None)
+        if close is not None:  # as every server does: the metrics and the access log are recorded then
+            close()
     return (time.perf_counter() - started) / count
 
 
+def ours(**settings: Any) -> App:
+    app = App(Settings(model_dir="/nonexistent", **settings), _plugins.build_manager([], [JSONEcho()]))
+    app.model()
+    return app
+
+
 def main() -> None:
-    ours = App(Settings(model_dir="/nonexistent"), _plugins.build_manager([], [JSONEcho()]))
-    fast = App(Settings(model_dir="/nonexistent", timeout=0), _plugins.build_manager([], [JSONEcho()]))
-    ours.model(), fast.model()
+    # the access log as serve writes it (JSON lines), to /dev/null: its cost, not the terminal's
+    _logging.configure(logging.INFO, "json", stream=open(os.devnull, "w"))  # noqa: SIM115
     apps: dict[str, WSGIApp] = {
-        "ours": ours,  # type: ignore[dict-item]
-        "ours --timeout 0": fast,  # type: ignore[dict-item]
+        "ours": ours(),  # type: ignore[dict-item]
+        "ours --no-metrics": ours(metrics=False),  # type: ignore[dict-item]
+        "ours --no-access-log": ours(access_log=False),  # type: ignore[dict-item]
+        "ours --no-metrics --no-access-log": ours(metrics=False, access_log=False),  # type: ignore[dict-item]
+        "ours --timeout 0": ours(timeout=0),  # type: ignore[dict-item]
         "werkzeug Request/Response": werkzeug_app(),
         "bare": bare_app,
     }
@@ -110,9 +124,13 @@ def main() -> None:
         for name in list(apps)[shift:] + list(apps)[:shift]:
             samples[name].append(per_request(apps[name], 5000))
     medians = {name: statistics.median(values) for name, values in samples.items()}
-    print(f"{'app':<28} {'us/request':>11} {'requests/s':>11}")
+    print(f"{'app':<36} {'us/request':>11} {'requests/s':>11}")
     for name, seconds in medians.items():
-        print(f"{name:<28} {seconds * 1e6:>11.2f} {1 / seconds:>11.0f}")
+        print(f"{name:<36} {seconds * 1e6:>11.2f} {1 / seconds:>11.0f}")
+    neither = medians["ours --no-metrics --no-access-log"]
+    for name, what in (("ours --no-access-log", "the metrics"), ("ours --no-metrics", "the access log")):
+        cost = medians[name] - neither
+        print(f"{what} cost {cost * 1e6:.2f} us per request, {cost / neither:.1%} of a request without either")
     werkzeug_path = medians["werkzeug Request/Response"]
     for name in ("ours", "ours --timeout 0"):
         print(f"\n{name} costs {medians[name] / werkzeug_path:.2f}x the werkzeug path's time, ", end="")

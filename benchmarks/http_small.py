@@ -83,12 +83,31 @@ def contenders(site: str, threads: str) -> dict[str, tuple[str, dict[str, str], 
     }
 
 
+def observability(site: str, threads: str) -> dict[str, tuple[str, dict[str, str], str]]:
+    """``--observability``: ours on granian with the metrics and the access log (at info, JSON lines into a file, as
+    a container's log collector reads them) each on and off."""
+    env = h.base_env(PYTHONPATH=site, INFERENCE_SERVER_PLUGINS="json_echo", INFERENCE_SERVER_LOG_FORMAT="json")
+    ours = (
+        f"{h.PYTHON} -m inference_server serve --host 127.0.0.1 --port {{port}} --workers {WORKERS} --threads {threads}"
+    )
+    return {
+        "default": (ours, env, "/ping"),
+        "--no-metrics": (f"{ours} --no-metrics", env, "/ping"),
+        "--no-access-log": (f"{ours} --no-access-log", env, "/ping"),
+        "neither": (f"{ours} --no-metrics --no-access-log", env, "/ping"),
+        "bare granian": contenders(site, threads)["bare granian"],
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="one round of 3 s per measurement")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=5)
     parser.add_argument("--threads", default="1", help="threads per worker for the threaded servers")
+    parser.add_argument(
+        "--observability", action="store_true", help="the cost of the metrics and the access log, on granian"
+    )
     args = parser.parse_args()
     rounds, seconds = (1, 3.0) if args.quick else (args.rounds, args.seconds)
     site = str(h.plugin_site({"json_echo": JSON_ECHO}))
@@ -101,7 +120,8 @@ def main() -> None:
     results: dict[str, dict[str, list[float]]] = {}
     with contextlib.ExitStack() as stack:
         servers = {}
-        for name, (template, env, ready) in contenders(site, args.threads).items():
+        chosen = observability if args.observability else contenders
+        for name, (template, env, ready) in chosen(site, args.threads).items():
             port = h.free_port()
             command = template.format(port=port).split()
             servers[name] = stack.enter_context(h.running(name, command, port, env, ready))
@@ -116,6 +136,13 @@ def main() -> None:
                 ping = "/ping" if not name.startswith("bare") else "/"
                 results[name]["ping"].append(h.wrk(f"http://127.0.0.1:{port}{ping}", seconds, 16))
     print(f"after: {h.load()}; medians of {rounds} round(s) of {seconds} s, min-max of the rounds in brackets")
+    if args.observability:
+        base = h.median(results["neither"]["invocations"])
+        for name, measured in results.items():
+            invocations = h.median(measured["invocations"])
+            spread = h.spread(measured["invocations"])
+            print(f"{name:<18} {invocations:>9.0f}/s ({spread}) {invocations / base - 1:+.1%} vs neither")
+        return
     legacy = h.median(results["1.3.3 gunicorn sync"]["invocations"])
     columns = (
         ("POST /invocations", 18),

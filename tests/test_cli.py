@@ -197,7 +197,9 @@ def test_plugins_command_prints_the_summary_and_warnings(plugin_site: Any) -> No
 
 def test_start_up_logs_the_summary_and_warns_about_the_echo_model(servers: Any) -> None:
     """``serve`` logs the plugins, the hooks' providers and the limits, and warns once about the echo model."""
-    server = servers.start("--workers", "2", plugins=[], env={"INFERENCE_SERVER_MODEL_DIR": "/nonexistent"})
+    server = servers.start(
+        "--workers", "2", "--log-format", "text", plugins=[], env={"INFERENCE_SERVER_MODEL_DIR": "/nonexistent"}
+    )
     server.stop()
     output = server.output()
     assert "plugins: none (the built-in hooks only)" in output
@@ -277,7 +279,7 @@ def test_plugins_and_transform_take_a_script(tmp_path: Path) -> None:
 def test_ctrl_c_stops_at_once_with_one_info_line(servers: Any, backend: str) -> None:
     """SIGINT to the whole process group, as Ctrl-C sends it: exit 130, one INFO line saying so, no ERROR about
     the workers' exits."""
-    server = servers.start("--server", backend, "--workers", "2", plugins=[], new_session=True)
+    server = servers.start("--server", backend, "--workers", "2", "--log-format", "text", plugins=[], new_session=True)
     os.killpg(server.process.pid, signal.SIGINT)
     assert server.process.wait(30) == 130
     output = server.output()

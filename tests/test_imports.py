@@ -14,7 +14,7 @@ import inference_server
 OURS = "inference_server"
 SERVERS = ("gunicorn", "granian")
 WSGI = f"{OURS}.wsgi"
-PROTOCOLS = (f"{WSGI}.sagemaker", f"{WSGI}.runtime")
+PROTOCOLS = (f"{WSGI}.sagemaker", f"{WSGI}.runtime", f"{WSGI}.prometheus")
 #: Module prefix -> modules (and their submodules) that no module under the prefix may load.
 FORBIDDEN: dict[str, tuple[str, ...]] = {
     f"{OURS}.codecs": (
@@ -50,6 +50,10 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     f"{OURS}.server": (f"{OURS}.cli",),
     # the frameworks a container's defaults use are imported when a model needs them, never with our modules
     OURS: ("torch", "transformers", "xgboost", "PIL"),
+    # the Prometheus client chooses its multiprocess mode when imported: after serve names the run directory
+    f"{OURS}.cli": ("prometheus_client", "opentelemetry"),
+    f"{OURS}.wsgi._app": ("prometheus_client", "opentelemetry"),
+    f"{OURS}.metrics": ("prometheus_client",),
 }
 #: The chosen backend alone is imported: importing one never loads the other, and the package loads neither.
 EXACT: dict[str, tuple[str, ...]] = {
@@ -58,7 +62,14 @@ EXACT: dict[str, tuple[str, ...]] = {
     f"{OURS}.server.granian": ("gunicorn",),
 }
 #: Leaves: these load none of our modules beyond what ``import inference_server`` itself loads.
-LEAVES = (f"{OURS}._hookspecs", f"{OURS}.errors", f"{OURS}._settings")
+LEAVES = (
+    f"{OURS}._hookspecs",
+    f"{OURS}.errors",
+    f"{OURS}._settings",
+    f"{OURS}._rundir",
+    f"{OURS}.metrics",
+    f"{OURS}._logging",
+)
 
 MODULES = sorted([OURS] + [info.name for info in pkgutil.walk_packages(inference_server.__path__, f"{OURS}.")])
 

@@ -432,7 +432,7 @@ def test_cleanup_runs_when_the_server_closes_the_body() -> None:
         def leave(self) -> None:
             events.append("leave")
 
-        def request_recycle(self, reason: str) -> None:
+        def request_recycle(self, reason: str, kind: str = "stuck") -> None:
             raise AssertionError(reason)
 
     app.worker = Worker()

@@ -1,31 +1,239 @@
-"""One log format for our lines and the HTTP server backends' (granian's and gunicorn's), on stderr."""
+"""One log format for our lines, the model's and the HTTP server backends' (granian's and gunicorn's), on stderr.
+
+Two formats (``--log-format``): ``text`` for people at a terminal, and ``json``, one object per line, for the log
+collectors of container platforms. A line logged while a request is handled carries the request's ids: the WSGI app
+binds them to the request's context (:func:`bind`; the hooks' threads run in that context), and the formatters read
+them when they format the line, in the thread that logged it (the standard handlers format at once). The access line
+of a request (:func:`access`) carries its ids itself: it is written once the answer is sent, outside that context.
+
+The access line is written on every request, so it skips what :meth:`logging.Logger.log` would spend finding the
+caller's frame, and the JSON formatter writes with orjson and keeps each second's time stamp.
+"""
 
 from __future__ import annotations
 
+import contextvars
 import logging
-from typing import Any
+import sys
+import time
+from typing import Any, NamedTuple
+
+import orjson
 
 FORMAT = "%(asctime)s [%(process)d] [%(levelname)s] %(name)s: %(message)s"
+#: The backends' loggers named so write access lines of their own, which would repeat ours: only their warnings pass.
+_BACKEND_ACCESS = ".access"
 
 
-def configure(level: int) -> None:
-    """Log our lines (logger ``inference_server``) in :data:`FORMAT` at ``level``."""
-    logging.basicConfig(level=level, format=FORMAT)
+class RequestIds(NamedTuple):
+    request_id: str
+    inference_id: str | None
 
 
-def dict_config(level: str, loggers: tuple[str, ...]) -> dict[str, Any]:
-    """A :func:`logging.config.dictConfig` that writes the backend's ``loggers`` in :data:`FORMAT` on stderr."""
+#: The request being handled in this context: its ids join the lines logged while it is (model code's too).
+REQUEST: contextvars.ContextVar[RequestIds | None] = contextvars.ContextVar("inference_server_request", default=None)
+
+access_logger = logging.getLogger("inference_server.access")
+
+
+def bind(request_id: str, inference_id: str | None) -> contextvars.Token[RequestIds | None]:
+    """Lines logged in this context from now on belong to this request (until :func:`unbind`)."""
+    return REQUEST.set(RequestIds(request_id, inference_id))
+
+
+def unbind(token: contextvars.Token[RequestIds | None]) -> None:
+    REQUEST.reset(token)
+
+
+def _ids(record: logging.LogRecord) -> tuple[str | None, str | None]:
+    """The ids of the request ``record`` belongs to: its own (an access line's), else the context's."""
+    fields = record.__dict__
+    if "request_id" in fields:
+        return fields["request_id"], fields.get("inference_id")
+    bound = REQUEST.get()
+    return (None, None) if bound is None else bound
+
+
+class TextFormatter(logging.Formatter):
+    """:data:`FORMAT`, and ``[request ID]`` (``[request ID, inference ID]``) after the message of a request's line."""
+
+    def __init__(self, fmt: str = FORMAT, datefmt: str | None = None) -> None:
+        super().__init__(fmt, datefmt)
+        self._second = (-1, "")  # (a second since the epoch, its local time without the fraction)
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        if datefmt is not None:
+            return super().formatTime(record, datefmt)
+        second = int(record.created)
+        cached = self._second
+        if cached[0] != second:
+            cached = (second, time.strftime(self.default_time_format, self.converter(second)))
+            self._second = cached
+        return f"{cached[1]},{int(record.msecs):03d}"
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        line = super().formatMessage(record)
+        request_id, inference_id = _ids(record)
+        if request_id is None:
+            return line
+        if inference_id:
+            return f"{line} [request {request_id}, inference {inference_id}]"
+        return f"{line} [request {request_id}]"
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: ``time`` (RFC 3339, UTC, milliseconds), ``level``, ``logger``, ``message``, ``pid``;
+    ``request_id`` and ``inference_id`` on a request's lines; the HTTP fields on access lines; ``exc_info`` (the
+    formatted traceback) and ``stack_info`` when the line has them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._second = (-1, "")  # (a second since the epoch, its time stamp without the fraction)
+
+    def _time(self, created: float) -> str:
+        second = int(created)
+        cached = self._second
+        if cached[0] != second:
+            cached = (second, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second)))
+            self._second = cached  # one tuple, replaced whole: safe for threads without a lock
+        return f"{cached[1]}.{int((created - second) * 1000):03d}Z"
+
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, Any] = {
+            "time": self._time(record.created),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+            "pid": record.process,
+        }
+        request_id, inference_id = _ids(record)
+        if request_id is not None:
+            line["request_id"] = request_id
+            if inference_id:
+                line["inference_id"] = inference_id
+        http = record.__dict__.get("http")
+        if http is not None:
+            line.update(http)
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self.formatException(record.exc_info)
+        if record.exc_text:
+            line["exc_info"] = record.exc_text
+        if record.stack_info:
+            line["stack_info"] = self.formatStack(record.stack_info)
+        try:
+            return orjson.dumps(line).decode()
+        except TypeError:  # a string that is not UTF-8 (a lone surrogate, from bytes decoded with surrogateescape)
+            return orjson.dumps({key: _utf8(value) for key, value in line.items()}).decode()
+
+
+def _utf8(value: Any) -> Any:
+    return value.encode("utf-8", "backslashreplace").decode() if isinstance(value, str) else value
+
+
+#: ``--log-format`` -> the formatter that writes it.
+FORMATTERS: dict[str, type[logging.Formatter]] = {"text": TextFormatter, "json": JsonFormatter}
+
+
+def resolve_format(setting: str | None) -> str:
+    """The log format: ``setting`` if given, else ``text`` when stderr is a terminal and ``json`` when it is not."""
+    if setting is not None:
+        return setting
+    isatty = getattr(sys.stderr, "isatty", None)
+    try:
+        return "text" if isatty is not None and isatty() else "json"
+    except ValueError:  # stderr closed
+        return "json"
+
+
+def formatter(fmt: str) -> logging.Formatter:
+    """A formatter writing ``fmt`` (``text`` or ``json``)."""
+    return FORMATTERS[fmt]()
+
+
+def configure(level: int, fmt: str = "text") -> None:
+    """Log every line (ours, the model's) in ``fmt`` on stderr at ``level``, unless logging is configured already.
+
+    With ``json``, Python's warnings are logged too (logger ``py.warnings``): stderr then holds JSON lines only.
+    """
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(formatter(fmt))
+    logging.basicConfig(level=level, handlers=[handler])
+    if fmt == "json":
+        logging.captureWarnings(True)
+
+
+def dict_config(level: str, loggers: tuple[str, ...], fmt: str = "text") -> dict[str, Any]:
+    """A :func:`logging.config.dictConfig` that writes every line in ``fmt`` on stderr at ``level``: the backend's
+    ``loggers`` and the root logger's (ours, the model's).
+
+    The backends apply it in every worker they start too. The backends' access loggers only pass warnings: the app
+    writes one access line per request itself (:func:`access`), and gunicorn would write a second.
+    """
+    level = level.upper()
+    quieter = level if logging.getLevelName(level) >= logging.WARNING else "WARNING"
     return {
         "version": 1,
         "disable_existing_loggers": False,
-        "formatters": {"generic": {"format": FORMAT}, "access": {"format": FORMAT}},
+        "formatters": {"inference_server": {"()": FORMATTERS[fmt]}},
         "handlers": {
-            "console": {"class": "logging.StreamHandler", "formatter": "generic", "stream": "ext://sys.stderr"},
-            "access": {"class": "logging.StreamHandler", "formatter": "access", "stream": "ext://sys.stderr"},
+            "inference_server": {
+                "class": "logging.StreamHandler",
+                "formatter": "inference_server",
+                "stream": "ext://sys.stderr",
+            }
         },
+        "root": {"handlers": ["inference_server"], "level": level},
         "loggers": {
-            name: {"handlers": ["access" if name.endswith("access") else "console"], "level": level.upper(),
-                   "propagate": False}
+            name: {
+                "handlers": ["inference_server"],
+                "level": quieter if name.endswith(_BACKEND_ACCESS) else level,
+                "propagate": False,
+            }
             for name in loggers
         },
-    }  # fmt: skip
+    }
+
+
+#: The message of an access line: method, path, status, duration, bytes received and sent.
+_ACCESS = '"%s %s" %d %.1f ms, %d B in, %d B out'
+
+
+def access(
+    *,
+    method: str,
+    path: str,
+    route: str,
+    status: int,
+    seconds: float,
+    request_bytes: int,
+    response_bytes: int,
+    request_id: str,
+    inference_id: str | None,
+    quiet: bool,
+) -> None:
+    """The access-log line of one request (at debug level when ``quiet``)."""
+    level = logging.DEBUG if quiet else logging.INFO
+    if not access_logger.isEnabledFor(level):
+        return
+    duration_ms = seconds * 1000
+    record = access_logger.makeRecord(
+        access_logger.name,
+        level,
+        "",
+        0,
+        _ACCESS,
+        (method, path, status, duration_ms, request_bytes, response_bytes),
+        None,
+    )
+    record.request_id = request_id
+    record.inference_id = inference_id
+    record.http = {
+        "method": method,
+        "path": path,
+        "route": route,
+        "status": status,
+        "duration_ms": round(duration_ms, 3),
+        "request_bytes": request_bytes,
+        "response_bytes": response_bytes,
+    }
+    access_logger.handle(record)

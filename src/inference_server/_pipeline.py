@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextvars
 import logging
+import time
 from collections.abc import Callable, Hashable
 from typing import Any, NamedTuple
 
@@ -18,7 +19,7 @@ import werkzeug.exceptions
 import werkzeug.http
 from werkzeug.datastructures import MIMEAccept
 
-from inference_server import _models, _plugins, _script, codecs, default_plugin
+from inference_server import _models, _plugins, _script, _tracing, codecs, default_plugin, metrics
 from inference_server._settings import BatchStrategy, Settings
 from inference_server.errors import ConfigurationError, HookError, HTTPError, ModelLoadError, UnsupportedMediaType
 
@@ -97,6 +98,9 @@ class Pipeline:
         self._input_fn = _plugins.first_result_caller(pm, "input_fn")
         self._predict_fn = _plugins.first_result_caller(pm, "predict_fn")
         self._output_fn = _plugins.first_result_caller(pm, "output_fn")
+        #: Where the hooks' times are counted (``--metrics``), else None.
+        self._timed = metrics.recorder.timed if settings.metrics else None
+        self._tracing = _tracing.create()
 
     def model(self) -> Any:
         """The loaded model (loading it now if needed); :class:`ModelLoadError` if ``model_fn`` failed."""
@@ -151,19 +155,56 @@ class Pipeline:
         predict: Callable[[Any], Any] | None,
     ) -> Output:
         default_plugin.current.set((self._defaults, content_type))
+        if self._tracing is not None:
+            return self._traced(self._tracing, body, content_type, accept, model, predict)
         hook, data = "input_fn", None
         try:
+            started = time.perf_counter()
             data = self._input_fn(input_data=body, content_type=content_type)
             hook = "predict_fn"
+            decoded = time.perf_counter()
             prediction = self._predict_fn(data=data, model=model) if predict is None else predict(data)
             hook = "output_fn"
-            return _output(self._output_fn(prediction=prediction, accept=parse_accept(accept)))
+            predicted = time.perf_counter()
+            output = _output(self._output_fn(prediction=prediction, accept=parse_accept(accept)))
+            if self._timed is not None:
+                self._timed((started, decoded, predicted, time.perf_counter()))
+            return output
         except (HTTPError, HookError, werkzeug.exceptions.HTTPException):
             raise
         except Exception as exc:
-            if hook == "predict_fn" and isinstance(exc, _ON_BYTES) and data is body and not codecs.lookup(content_type):
-                raise _unknown_type(hook, exc, content_type) from exc
-            raise HookError(hook, exc) from exc
+            raise _failed(hook, exc, data is body, content_type) from exc
+
+    def _traced(
+        self,
+        tracing: _tracing.Tracing,
+        body: codecs.Buffer,
+        content_type: str,
+        accept: str,
+        model: Any,
+        predict: Callable[[Any], Any] | None,
+    ) -> Output:
+        """:meth:`_invoke` with each hook in a span of its own (``--metrics`` counted too)."""
+        hook, data = "input_fn", None
+        try:
+            started = time.perf_counter()
+            with tracing.stage(hook):
+                data = self._input_fn(input_data=body, content_type=content_type)
+            hook = "predict_fn"
+            decoded = time.perf_counter()
+            with tracing.stage(hook):
+                prediction = self._predict_fn(data=data, model=model) if predict is None else predict(data)
+            hook = "output_fn"
+            predicted = time.perf_counter()
+            with tracing.stage(hook):
+                output = _output(self._output_fn(prediction=prediction, accept=parse_accept(accept)))
+            if self._timed is not None:
+                self._timed((started, decoded, predicted, time.perf_counter()))
+            return output
+        except (HTTPError, HookError, werkzeug.exceptions.HTTPException):
+            raise
+        except Exception as exc:
+            raise _failed(hook, exc, data is body, content_type) from exc
 
 
 @codecs.cache_short(256)
@@ -178,6 +219,14 @@ FORM = "application/x-www-form-urlencoded"
 
 #: What code raises when it is given bytes where it expected decoded data (``data["key"]``, ``data.shape``, ...).
 _ON_BYTES = (TypeError, AttributeError, KeyError, IndexError, ValueError)
+
+
+def _failed(hook: str, exc: Exception, on_bytes: bool, content_type: str) -> Exception:
+    """What a hook's exception becomes: a :class:`HookError` naming the hook, or the 415 of :func:`_unknown_type`
+    when ``predict_fn`` was given the body's bytes (``on_bytes``) of a type no codec decodes."""
+    if hook == "predict_fn" and on_bytes and isinstance(exc, _ON_BYTES) and not codecs.lookup(content_type):
+        return _unknown_type(hook, exc, content_type)
+    return HookError(hook, exc)
 
 
 def _unknown_type(hook: str, exc: Exception, content_type: str) -> UnsupportedMediaType:

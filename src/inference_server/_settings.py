@@ -24,6 +24,8 @@ DEFAULT_MODEL_DIR = "/opt/ml/model"
 MODEL_DIR_ENV = "INFERENCE_SERVER_MODEL_DIR"
 
 _LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+#: How log lines are written.
+LOG_FORMATS = ("text", "json")
 #: The HTTP server backends ``serve`` can run.
 SERVERS = ("gunicorn", "granian")
 #: Where ``serve`` tells its workers which settings were given as options (see ``Settings.given``).
@@ -312,6 +314,35 @@ class Settings:
     )
     log_level: str = _variable(
         "info", "INFERENCE_SERVER_LOG_LEVEL", _log_level, "critical, error, warning, info or debug"
+    )
+    #: How log lines are written (``None``: text when stderr is a terminal, JSON lines otherwise).
+    log_format: str | None = _variable(
+        None,
+        "INFERENCE_SERVER_LOG_FORMAT",
+        _one_of(LOG_FORMATS),
+        "text or json (one JSON object per line, as container platforms collect them)",
+        default_text="text when stderr is a terminal, else json",
+        choices=LOG_FORMATS,
+    )
+    #: One line per request, written by the app (``/ping`` and ``/metrics`` at debug level).
+    access_log: bool = _variable(
+        True,
+        "INFERENCE_SERVER_ACCESS_LOG",
+        _boolean,
+        "log one line per request (method, route, status, duration, sizes, request id); /ping and /metrics lines "
+        "at debug level",
+        default_text="on",
+        flag=True,
+    )
+    #: ``GET /metrics`` in the Prometheus text format, over every worker process.
+    metrics: bool = _variable(
+        True,
+        "INFERENCE_SERVER_METRICS",
+        _boolean,
+        "serve Prometheus metrics at GET /metrics (requests, latencies, hook stages, batching, model loads; "
+        "one scrape covers every worker)",
+        default_text="on",
+        flag=True,
     )
     #: Accept HTTP/2 (with prior knowledge) beside HTTP/1.1 on granian; SageMaker speaks HTTP/1.1.
     http2: bool = _variable(

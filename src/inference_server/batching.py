@@ -49,6 +49,7 @@ from typing import Any
 import numpy as np
 import pluggy
 
+from inference_server import metrics
 from inference_server._deadlines import RUNNING, WAITING, Call, Cancelled
 from inference_server.errors import ConfigurationError, HookError, ServiceUnavailable
 
@@ -147,8 +148,13 @@ class Batcher:
         settings: Options,
         predict: Callable[[Any, Any], Any],
         predict_batch: Callable[[list[Any], Any], list[Any] | None] | None = None,
+        recorder: metrics.Recorder | None = None,
     ) -> None:
         self.options = settings
+        #: Where groups are counted (``--metrics``), else None.
+        self._recorder = recorder
+        if recorder is not None:
+            recorder.batchers.add(self)
         self._predict = predict
         self._predict_batch = predict_batch
         self._lock = threading.Lock()
@@ -160,7 +166,13 @@ class Batcher:
         self._told_alone = False
 
     @classmethod
-    def for_hooks(cls, settings: Options, pm: pluggy.PluginManager, predict: Callable[[Any, Any], Any]) -> Batcher:
+    def for_hooks(
+        cls,
+        settings: Options,
+        pm: pluggy.PluginManager,
+        predict: Callable[[Any, Any], Any],
+        recorder: metrics.Recorder | None = None,
+    ) -> Batcher:
         """A batcher calling ``predict`` (the ``predict_fn`` caller), and ``predict_batch_fn`` if a plugin has one."""
         from inference_server import _plugins
 
@@ -172,7 +184,12 @@ class Batcher:
             def batch(data: list[Any], model: Any) -> list[Any] | None:
                 return caller(data=data, model=model)  # type: ignore[no-any-return]
 
-        return cls(settings, predict, batch)
+        return cls(settings, predict, batch, recorder)
+
+    @property
+    def waiting(self) -> int:
+        """Inputs in the queue now."""
+        return len(self._queue)
 
     def coming(self) -> None:
         """A request started ``input_fn``: its input will follow (:meth:`predict`) unless it fails (:meth:`gone`)."""
@@ -289,6 +306,10 @@ class Batcher:
                 member.call.stage = RUNNING
         model = group[0].model
         logger.debug("Micro-batching: a group of %d request(s)", len(group))
+        if self._recorder is not None:
+            now = time.monotonic()
+            rows = sum(_rows(member.data) for member in group)
+            self._recorder.batched((len(group), rows, [now - member.since for member in group]))
         if len(group) == 1 and self._predict_batch is None:
             _alone(self._predict, group[0])
             return
@@ -403,6 +424,13 @@ def split(prediction: Any, rows: list[int]) -> list[Any]:
         return [prediction.slice(start, end - start) for start, end in pieces]
     check(None, f"a {type(prediction).__name__}")
     raise AssertionError  # check raised
+
+
+def _rows(data: Any) -> int:
+    """An input's rows as the micro-batcher joins them: an array's or a list's length; anything else is one."""
+    if type(data) is list or (isinstance(data, np.ndarray) and data.ndim):
+        return len(data)
+    return 1
 
 
 def _length(value: Any) -> int | None:

@@ -134,6 +134,8 @@ def _add_setting(command: argparse.ArgumentParser, field: str) -> None:
     option, help = f"--{field.replace('_', '-')}", _help(variable, field)
     if variable.flag:
         command.add_argument(option, action="store_const", const="true", help=help)
+        negative = f"--no-{field.replace('_', '-')}"
+        command.add_argument(negative, dest=field, action="store_const", const="false", help=f"turn {option} off")
     else:
         command.add_argument(option, choices=variable.choices, help=help)
 

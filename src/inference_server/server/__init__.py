@@ -19,8 +19,9 @@ import logging
 import os
 import resource
 import sys
+import time
 
-from inference_server import _logging, _models, _plugins, _script
+from inference_server import _logging, _models, _plugins, _rundir, _script, metrics
 from inference_server._settings import DEFAULT_HOOKS_ENV, Settings
 from inference_server.errors import ConfigurationError, ModelLoadError, PluginError
 from inference_server.server import _port
@@ -49,8 +50,11 @@ def server_threads(settings: Settings) -> int:
 def load_model(app: App) -> None:
     """Load the model in a worker before it serves; a failure is logged (with its traceback) and /ping says 503."""
     _models.warn_missing_dir = False  # the serving process warned once already
+    started = time.perf_counter()
     with contextlib.suppress(ModelLoadError):
         app.model()
+        if app.recorder is not None:
+            app.recorder.model_loaded(time.perf_counter() - started)
 
 
 def _log_summary(app: App, chosen_hooks: bool = False) -> list[str]:
@@ -126,8 +130,25 @@ def _raise_file_limit() -> None:
 
 
 def serve(settings: Settings) -> int:
-    """Check the plugins and settings, then serve until SIGTERM; return the exit status (1 if the drain timed out)."""
-    _logging.configure(settings.log_level_number)
+    """Check the plugins and settings, then serve until SIGTERM; return the exit status (1 if the drain timed out).
+
+    The run directory the serving process shares with its workers is made first: the metrics' files live there, and
+    the Prometheus client must know it before anything (a plugin) imports it.
+    """
+    run_dir, pid = _rundir.create(), os.getpid()
+    try:
+        if settings.metrics:
+            metrics.use_directory(run_dir)
+        return _serve(settings)
+    finally:
+        if os.getpid() == pid:  # not in a gunicorn worker leaving through this frame (forked from here)
+            _rundir.remove(run_dir)
+
+
+def _serve(settings: Settings) -> int:
+    log_format = _logging.resolve_format(settings.log_format)
+    _logging.configure(settings.log_level_number, log_format)
+    os.environ["INFERENCE_SERVER_LOG_FORMAT"] = log_format  # workers write what was resolved here
     chosen_hooks = "default_hooks" in settings.given or DEFAULT_HOOKS_ENV in os.environ
     os.environ.update(settings.environ())  # worker processes, create_app() and warmup() in user code agree
     try:

@@ -16,23 +16,21 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import mmap
 import os
 import random
-import shutil
 import signal
 import struct
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from inference_server import _rundir, metrics
+from inference_server._rundir import RUN_DIR_ENV, SERVING_PID_ENV, map_file
+
 logger = logging.getLogger("inference_server")
 
-RUN_DIR_ENV = "INFERENCE_SERVER_RUN_DIR"
-#: The serving process's pid, for its workers: one that starts after the serving process died knows it at once.
-SERVING_PID_ENV = "INFERENCE_SERVER_SERVING_PID"
+__all__ = ["RUN_DIR_ENV", "SERVING_PID_ENV", "Supervisor", "Worker"]
 #: Seconds between a worker's checks that the serving process is still its parent.
 PARENT_POLL = 0.5
 _COUNT = struct.Struct("<q")
@@ -41,21 +39,14 @@ _SINCE = struct.Struct("<d")
 _CONTROL_SIZE = 16
 
 
-def _map(path: Path, *, write: bool) -> mmap.mmap:
-    """The whole file, memory-mapped."""
-    with open(path, "r+b" if write else "rb") as file:
-        return mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_WRITE if write else mmap.ACCESS_READ)
-
-
 class Supervisor:
     """The serving process's side: start draining, count the workers' requests in flight, hear recycle requests."""
 
     def __init__(self) -> None:
-        self.path = Path(tempfile.mkdtemp(prefix="inference-server-"))
+        #: The run directory ``serve`` made at start-up, else a new one.
+        self.path = _rundir.own() or _rundir.create()
         (self.path / "control").write_bytes(bytes(_CONTROL_SIZE))
-        self._control = _map(self.path / "control", write=True)
-        os.environ[RUN_DIR_ENV] = str(self.path)
-        os.environ[SERVING_PID_ENV] = str(os.getpid())
+        self._control = map_file(self.path / "control", write=True)
 
     @property
     def draining(self) -> bool:
@@ -93,24 +84,39 @@ class Supervisor:
                 asked.append(pid)
         return asked
 
+    def gone(self, pid: int, replaced: bool) -> None:
+        """Worker ``pid`` exited: its live metrics leave the scrape; ``replaced`` (not stopped with the server): count
+        the restart, by the reason the worker left (:meth:`Worker.note_exit`), else as a crash."""
+        note = self.path / f"exit-{pid}"
+        try:
+            reason = note.read_text().strip() or "crash"
+            note.unlink()
+        except OSError:
+            reason = "crash"
+        try:
+            metrics.process_dead(pid)
+            if replaced:
+                metrics.worker_restarted(reason)
+        except Exception:  # the metrics never stop the server from replacing its workers
+            logger.warning("Metrics: could not account for worker %d's exit", pid, exc_info=True)
+
     def close(self) -> None:
         """Remove the run directory (again: nothing happens)."""
         if self._control.closed:
             return
         self._control.close()
-        os.environ.pop(RUN_DIR_ENV, None)
-        os.environ.pop(SERVING_PID_ENV, None)
-        shutil.rmtree(self.path, ignore_errors=True)
+        _rundir.remove(self.path)
 
 
 class Worker:
     """A worker process's side: the drain flag, its own requests in flight, and asking to be replaced."""
 
     def __init__(self, path: Path, recycle: Callable[[str], None], max_requests: int = 0, jitter: int = 0) -> None:
-        self._control = _map(path / "control", write=False)
+        self._path = path
+        self._control = map_file(path / "control", write=False)
         own = path / f"worker-{os.getpid()}"
         own.write_bytes(bytes(_COUNT.size))
-        self._count = _map(own, write=True)
+        self._count = map_file(own, write=True)
         self._lock = threading.Lock()
         self._in_flight = 0
         self._served = 0
@@ -172,13 +178,20 @@ class Worker:
             self._served += 1
             served = self._served
         if self.max_requests and served >= self.max_requests:
-            self.request_recycle(f"it has served {served} requests (--max-requests)")
+            self.request_recycle(f"it has served {served} requests (--max-requests)", "max-requests")
 
-    def request_recycle(self, reason: str) -> None:
-        """Ask (once) for this worker to be replaced: it finishes its requests in flight, a new one takes over."""
+    def note_exit(self, kind: str) -> None:
+        """Say why this worker is about to exit (``max-requests``, ``stuck``), for the serving process's metrics."""
+        with contextlib.suppress(OSError):
+            (self._path / f"exit-{os.getpid()}").write_text(kind)
+
+    def request_recycle(self, reason: str, kind: str = "stuck") -> None:
+        """Ask (once) for this worker to be replaced: it finishes its requests in flight, a new one takes over.
+        ``kind`` is the reason's name in the metrics: ``stuck`` or ``max-requests``."""
         if self.recycling:
             return
         self.recycling = True
+        self.note_exit(kind)
         logger.warning("Worker %d asks to be replaced: %s", os.getpid(), reason)
         self._recycle(reason)
 

@@ -87,6 +87,8 @@ def granian_app() -> App:
     if app.worker is not None:
         _stop_only_when_asked(app.worker)
         signal.signal(signal.SIGTERM, _while_loading(app.worker))
+    if app.recorder is not None and app.worker is not None:
+        app.recorder.start_flushing()
     load_model(app)
     if app.worker is not None:
         app.worker.mark_ready()
@@ -173,7 +175,9 @@ class Server(MPServer):
             ),
             factory=True,
             log_level=LogLevels(settings.log_level),
-            log_dictconfig=_logging.dict_config(settings.log_level, ("_granian", "granian.access")),
+            log_dictconfig=_logging.dict_config(
+                settings.log_level, ("_granian", "granian.access"), _logging.resolve_format(settings.log_format)
+            ),
             respawn_failed_workers=True,
             workers_kill_timeout=settings.graceful_timeout,
         )
@@ -216,7 +220,11 @@ class Server(MPServer):
         if self.drain.deadline is not None:
             logger.info("Draining: worker(s) %s not replaced", ", ".join(str(idx + 1) for idx in workers))
             return
+        pids = [self.wrks[idx].inner.pid for idx in workers]
         super()._respawn_workers(workers, spawn_target, target_loader, delay)
+        for pid in pids:
+            if pid:
+                self.drain.supervisor.gone(pid, replaced=True)
         self._replace_workers()  # requests from workers that were starting meanwhile
 
     def _spawn_worker(self, idx: int, target: Any, callback_loader: Any) -> Any:  # type: ignore[override]

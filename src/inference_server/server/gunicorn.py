@@ -30,6 +30,7 @@ from typing import Any
 import gunicorn.http.message
 import gunicorn.http.parser
 import gunicorn.util
+from gunicorn import glogging
 from gunicorn.app.base import BaseApplication
 from gunicorn.arbiter import Arbiter
 from gunicorn.errors import HaltServer
@@ -45,10 +46,17 @@ logger = logging.getLogger("inference_server")
 WORKER_CONNECTIONS = 4096
 
 
+def _child_exit(arbiter: _Arbiter, worker: Any) -> None:
+    """A worker exited: account for it (replaced, unless the server is stopping)."""
+    arbiter.drain.supervisor.gone(worker.pid, replaced=arbiter.drain.deadline is None)
+
+
 def _post_worker_init(worker: Any) -> None:
     """Join the serving process's state, then load the model, telling the arbiter it is alive while it loads."""
     app: App = worker.wsgi
     app.worker = _state.Worker.attach(_state.recycle_self)  # gunicorn counts --max-requests itself
+    if app.recorder is not None and app.worker is not None:
+        app.recorder.start_flushing()
     loader = threading.Thread(target=load_model, args=(app,), name="model-loader", daemon=True)
     loader.start()
     while loader.is_alive() and worker.alive:
@@ -109,7 +117,12 @@ class Worker(ThreadWorker):  # type: ignore[misc]
 
     def handle_request(self, req: Any, conn: Any) -> Any:
         _arrivals.at = getattr(conn, "arrived", None)
-        return super().handle_request(req, conn)
+        try:
+            return super().handle_request(req, conn)
+        finally:
+            state = self.wsgi.worker
+            if not self.alive and self.max_requests and self.nr >= self.max_requests and state is not None:
+                state.note_exit("max-requests")  # gunicorn counts --max-requests itself, then exits
 
     def handle_exit(self, sig: int, frame: Any) -> None:
         state = getattr(self.wsgi, "worker", None)
@@ -158,6 +171,14 @@ def _send_continue(environ: Any) -> None:
 
 #: gunicorn bounds the head too (``_Request``); the Host checks are the point of ``check_head``.
 BACKEND = Backend(check_head=True, send_continue=_send_continue, arrival=_arrival)
+
+
+class _Logger(glogging.Logger):  # type: ignore[misc]
+    """gunicorn's logger without its access line: the app writes one per request (``_logging.access``), and
+    gunicorn would build its own (about 18 us per request) only to drop it."""
+
+    def access(self, resp: Any, req: Any, environ: Any, request_time: Any) -> None:
+        return None
 
 
 class _Captured:
@@ -236,9 +257,13 @@ class GunicornServer(BaseApplication):  # type: ignore[misc]
             "limit_request_line": min(settings.max_header_bytes, 8190),
             "limit_request_field_size": settings.max_header_bytes,
             "loglevel": settings.log_level,
-            "logconfig_dict": _logging.dict_config(settings.log_level, ("gunicorn.error", "gunicorn.access")),
+            "logger_class": _Logger,
+            "logconfig_dict": _logging.dict_config(
+                settings.log_level, ("gunicorn.error", "gunicorn.access"), _logging.resolve_format(settings.log_format)
+            ),
             "proc_name": "inference-server",
             "post_worker_init": _post_worker_init,
+            "child_exit": _child_exit,
             "control_socket_disable": True,  # one fixed path shared by every server on the machine
         }.items():
             self.cfg.set(key, value)

@@ -6,19 +6,22 @@ Each protocol module registers its routes (``register(app)``); what a request's 
 
 from __future__ import annotations
 
+import functools
 import random
 import re
+import time
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pluggy
 import werkzeug.exceptions
 
-from inference_server import _plugins, batching, codecs
+from inference_server import _logging, _plugins, _tracing, batching, codecs, metrics
 from inference_server._pipeline import Pipeline
 from inference_server._settings import Settings
 from inference_server.errors import BadRequest, URITooLong
-from inference_server.wsgi import runtime, sagemaker
+from inference_server.wsgi import prometheus, runtime, sagemaker
+from inference_server.wsgi._body import BODY_BYTES
 from inference_server.wsgi._invoke import Backend, Lifecycle, Target, WorkerState
 from inference_server.wsgi._replies import STATUS_LINES, Body, Handler, Reply, Request, close, error_for
 
@@ -32,7 +35,12 @@ CUSTOM_ATTRIBUTES = "X-Amzn-SageMaker-Custom-Attributes"
 #: Bytes of path and query string a request may have (414 beyond).
 MAX_URL_BYTES = 8192
 #: The protocols every app serves, each a module with ``register(app)``.
-PROTOCOLS = (sagemaker, runtime)
+PROTOCOLS = (sagemaker, runtime, prometheus)
+INFERENCE_ID = "HTTP_X_AMZN_SAGEMAKER_INFERENCE_ID"
+#: The environ key under which the app notes the route (pattern) a request matched.
+ROUTE = "inference_server.route"
+#: Routes whose access-log lines are at debug level: health checks and scrapes would flood the log.
+QUIET_ROUTES = frozenset(("/ping", "/metrics"))
 
 
 class Routes:
@@ -53,17 +61,18 @@ class Routes:
                 return
         self._patterns.append((path, segments, {method: handler}))
 
-    def match(self, path: str) -> tuple[dict[str, Handler], dict[str, str]] | None:
-        """The handlers by method for ``path`` and the values of its pattern's segments, or None."""
+    def match(self, path: str) -> tuple[str, dict[str, Handler], dict[str, str]] | None:
+        """The route (``path`` or the pattern it matches), its handlers by method and the values of its pattern's
+        segments, or None."""
         methods = self._exact.get(path)
         if methods is not None:
-            return methods, {}
+            return path, methods, {}
         parts = path.split("/")
-        for _, segments, methods in self._patterns:
+        for pattern, segments, methods in self._patterns:
             if len(segments) == len(parts):
                 params = _params(segments, parts)
                 if params is not None:
-                    return methods, params
+                    return pattern, methods, params
         return None
 
     def paths(self) -> list[str]:
@@ -93,6 +102,11 @@ class App:
         #: The model that ``/invocations`` serves.
         self.target = Target.serving(self.pipeline, settings)
         self.lifecycle = Lifecycle(settings, self.backend)
+        #: Where requests are counted (``--metrics``), else None.
+        self.recorder = metrics.recorder if settings.metrics else None
+        self._tracing = _tracing.create()
+        self._edge = self.recorder is not None or settings.access_log or self._tracing is not None
+        self._finish_simply = self.recorder is not None and not settings.access_log and self._tracing is None
         self.routes = Routes()
         for protocol in PROTOCOLS:
             protocol.register(self)
@@ -130,20 +144,44 @@ class App:
         return self.pipeline.model()
 
     def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[codecs.Buffer]:
-        """Answer one request; with ``bytes_only=False`` the body items are buffers (an array's own memory)."""
+        """Answer one request; with ``bytes_only=False`` the body items are buffers (an array's own memory).
+
+        The edge: what is measured of every request (metrics, the access-log line, the trace's span) is noted here
+        and recorded by :meth:`_Exchange.finish` once the answer is sent, when the server closes its body.
+        """
+        started = time.perf_counter()
         request_id = environ.get("HTTP_X_REQUEST_ID", "")
         if not _REQUEST_ID.fullmatch(request_id):
             request_id = f"{random.getrandbits(128):032x}"  # unique enough for logs; cheaper than uuid4
         method = environ["REQUEST_METHOD"]
+        bound = _logging.bind(request_id, environ.get(INFERENCE_ID))
+        span = self._tracing.request(environ, request_id) if self._tracing is not None else None
         try:
-            status, headers, body = self._dispatch(environ, method, request_id)
-        except Exception as exc:
-            status, headers, body = error_for(exc, request_id, environ, self.settings.debug)
-        headers.append(("X-Request-Id", request_id))
-        custom_attributes = environ.get("HTTP_X_AMZN_SAGEMAKER_CUSTOM_ATTRIBUTES")
-        if custom_attributes and not any(k.lower() == CUSTOM_ATTRIBUTES.lower() for k, _ in headers):
-            headers.append((CUSTOM_ATTRIBUTES, custom_attributes))
-        start_response(STATUS_LINES.get(status, f"{status} Unknown"), headers)
+            try:
+                status, headers, body = self._dispatch(environ, method, request_id)
+            except Exception as exc:
+                status, headers, body = error_for(exc, request_id, environ, self.settings.debug)
+            headers.append(("X-Request-Id", request_id))
+            custom_attributes = environ.get("HTTP_X_AMZN_SAGEMAKER_CUSTOM_ATTRIBUTES")
+            if custom_attributes and not any(k.lower() == CUSTOM_ATTRIBUTES.lower() for k, _ in headers):
+                headers.append((CUSTOM_ATTRIBUTES, custom_attributes))
+            start_response(STATUS_LINES.get(status, f"{status} Unknown"), headers)
+        finally:
+            _logging.unbind(bound)
+            if span is not None:
+                span.detach()
+        if self._edge:
+            sent = 0
+            for name, value in headers:
+                if name == "Content-Length":
+                    sent = int(value)
+                    break
+            record = (environ.get(ROUTE, metrics.OTHER), method, status, started, environ.get(BODY_BYTES, 0), sent)
+            body = body if isinstance(body, Body) else Body(body)
+            if self._finish_simply:
+                body.add(functools.partial(self._count, record))
+            else:
+                body.add(functools.partial(self._finish, record, environ, request_id, span))
         if method == "HEAD":
             close(body)
             return []
@@ -152,6 +190,34 @@ class App:
         if self.backend.bytes_only:
             return [chunk if isinstance(chunk, bytes) else bytes(chunk) for chunk in body]
         return body
+
+    def _count(self, record: tuple[Any, ...]) -> None:
+        """:meth:`_finish` when there is only counting to do (no access log, no trace): the common case, fast."""
+        self.recorder.finished((record, time.perf_counter()))  # type: ignore[union-attr]
+
+    def _finish(
+        self, record: tuple[Any, ...], environ: WSGIEnvironment, request_id: str, span: _tracing.RequestSpan | None
+    ) -> None:
+        """A request's answer was sent (or its client went away): count it, log its line, end its span."""
+        ended = time.perf_counter()
+        if self.recorder is not None:
+            self.recorder.finished((record, ended))
+        route, method, status, started, received, sent = record
+        if self.settings.access_log:
+            _logging.access(
+                method=method,
+                path=environ.get("PATH_INFO") or "/",
+                route=route,
+                status=status,
+                seconds=ended - started,
+                request_bytes=received,
+                response_bytes=sent,
+                request_id=request_id,
+                inference_id=environ.get(INFERENCE_ID),
+                quiet=route in QUIET_ROUTES,
+            )
+        if span is not None:
+            span.end(route, status, received, sent)
 
     def _dispatch(self, environ: WSGIEnvironment, method: str, request_id: str) -> Reply:
         path = environ.get("PATH_INFO") or "/"
@@ -162,7 +228,10 @@ class App:
         found = self.routes.match(path)
         if found is None:
             raise werkzeug.exceptions.NotFound(f"no such path: the routes are {', '.join(self.routes.paths())}")
-        methods, params = found
+        route, methods, params = found
+        environ[ROUTE] = route
+        if self.recorder is not None and route != metrics.ROUTE:
+            self.recorder.arrived(None)  # in flight until counted finished (a scrape is not)
         handler = methods.get("GET" if method == "HEAD" else method)
         if handler is None:
             allowed = sorted({*methods, *(["HEAD"] if "GET" in methods else [])})

@@ -11,6 +11,8 @@ if TYPE_CHECKING:
     from _typeshed.wsgi import WSGIEnvironment
 
 _READ_BLOCK = 1 << 20
+#: The environ key under which :func:`read_body` leaves the body's length in bytes (for the metrics and logs).
+BODY_BYTES = "inference_server.body_bytes"
 #: How the operator raises the body limit, said in every 413.
 _RAISE = "; the server's operator can raise it with SAGEMAKER_MAX_PAYLOAD_IN_MB or the max_payload_in_mb hook"
 
@@ -56,6 +58,7 @@ def read_body(
             if not count:
                 raise BadRequest(f"the body ended after {position} of {length} bytes (Content-Length)")
             position += count
+        environ[BODY_BYTES] = length
         return buffer
     chunked = "chunked" in environ.get("HTTP_TRANSFER_ENCODING", "").lower()
     if not (chunked or environ.get("wsgi.input_terminated")):
@@ -65,6 +68,7 @@ def read_body(
         buffer += chunk
         if limit is not None and len(buffer) > limit:
             raise PayloadTooLarge(f"the chunked body passed the limit (MaxPayloadInMB) of {limit} bytes{_RAISE}")
+    environ[BODY_BYTES] = len(buffer)
     return buffer
 
 

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from inference_server import _deadlines, batching, codecs
+from inference_server import _deadlines, batching, codecs, metrics
 from inference_server._pipeline import Pipeline
 from inference_server._settings import Settings
 from inference_server.errors import GatewayTimeout, RequestTimeout, ServiceUnavailable
@@ -66,7 +66,7 @@ class WorkerState(Protocol):
 
     def leave(self) -> None: ...
 
-    def request_recycle(self, reason: str) -> None: ...
+    def request_recycle(self, reason: str, kind: str = "stuck") -> None: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,7 +81,10 @@ class Target:
     def serving(cls, pipeline: Pipeline, settings: Settings) -> Target:
         """The pipeline's own model, micro-batched when the settings or the ``batching`` hook ask for it."""
         options = batching_options(pipeline, settings)
-        batcher = batching.Batcher.for_hooks(options, pipeline.pm, pipeline.predict) if options.enabled else None
+        recorder = metrics.recorder if settings.metrics else None
+        batcher = (
+            batching.Batcher.for_hooks(options, pipeline.pm, pipeline.predict, recorder) if options.enabled else None
+        )
         return cls(pipeline, pipeline.model, batcher)
 
 

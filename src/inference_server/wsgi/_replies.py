@@ -58,6 +58,10 @@ class Body:
         self._items = [chunk if type(chunk) is bytes else convert(chunk) for chunk in self._items]
         return self
 
+    def add(self, cleanup: Callable[[], object]) -> None:
+        """Run ``cleanup`` too, after the others."""
+        self._cleanups.append(cleanup)
+
     def __iter__(self) -> Iterator[codecs.Buffer]:
         return iter(self._items)
 

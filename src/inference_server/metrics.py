@@ -1,0 +1,401 @@
+"""Prometheus metrics: recorded at one edge, kept cheaply in each process, one scrape over every worker.
+
+What is measured, and where: the WSGI app records each request when its answer is done (route, method, status,
+duration, body sizes, requests in flight); the pipeline times its three hooks; the micro-batcher reports its groups
+and queue; the model store its loads; the serving process its workers' restarts. Nothing is counted inside a
+protocol's handlers.
+
+**Cheap on the request path.** The Prometheus client's own ``inc()`` and ``observe()`` take about 3 us each in its
+multiprocess mode (a lock and a write to a memory-mapped file); a request updates about ten values. So a request
+only adds to plain counters in this process under one lock (about 1 us in all, see ``benchmarks/app_overhead.py``),
+and :meth:`Recorder.flush` moves them into the Prometheus client's metrics, at most every :data:`FLUSH_INTERVAL`
+seconds in a worker of ``serve`` and before every scrape.
+
+**One scrape over every worker.** ``serve`` puts the Prometheus client's multiprocess files in its private run
+directory (:func:`use_directory`, before the client is imported, so that a plugin's own metrics made with the
+``prometheus_client`` API are shared the same way). Each worker writes its own files; ``GET /metrics`` on any worker
+reads all of them: a scrape is at most :data:`FLUSH_INTERVAL` behind the other workers. A worker that dies or is
+replaced keeps its counters and histograms (its files stay); its live gauges (requests in flight, queue depth,
+model loaded) are removed by the serving process (:func:`process_dead`). Outside ``serve`` (the app in another WSGI
+server) a process scrapes its own metrics and the default registry's, or every process's if the
+``PROMETHEUS_MULTIPROC_DIR`` of the Prometheus client's multiprocess mode is set.
+
+The ``prometheus_client`` module is imported on first use, never at import of this module.
+"""
+
+from __future__ import annotations
+
+import atexit
+import bisect
+import collections
+import functools
+import itertools
+import logging
+import multiprocessing.util
+import os
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import prometheus_client
+
+logger = logging.getLogger("inference_server")
+
+#: The Prometheus client's variable naming the directory of its multiprocess files.
+MULTIPROCESS_ENV = "PROMETHEUS_MULTIPROC_DIR"
+#: Seconds between a worker's moves of its counts into the shared files (when it has counted anything).
+FLUSH_INTERVAL = 0.1
+PREFIX = "inference_server_"
+#: The text exposition format ``GET /metrics`` answers in.
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+#: Seconds, from 0.5 ms to 60 s.
+DURATION_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+#: Seconds waited for the model, from 0.1 ms.
+QUEUE_BUCKETS = (0.0001, 0.00025, *DURATION_BUCKETS[:-3])
+#: Bytes, from 256 B to 1 GiB by fours.
+BYTES_BUCKETS = tuple(float(256 << (2 * i)) for i in range(12))
+#: Requests per predict_fn call.
+BATCH_BUCKETS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0)
+#: Rows per predict_fn call, by fours.
+ROWS_BUCKETS = tuple(float(1 << (2 * i)) for i in range(11))
+
+#: Methods counted by name; anything else is counted as ``other``.
+METHODS = frozenset(("GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"))
+#: The route of a request that matched none.
+OTHER = "other"
+#: The scrape's own route: never counted in flight.
+ROUTE = "/metrics"
+STAGES = ("input", "predict", "output")
+#: Why a worker was replaced (``worker_restarts_total``).
+RESTART_REASONS = ("crash", "max-requests", "stuck")
+
+
+class _Histogram:
+    """Counts per bucket (the last is +Inf) and a sum, not cumulative: what the Prometheus client stores."""
+
+    __slots__ = ("counts", "total")
+
+    def __init__(self, counts: list[int], total: float) -> None:
+        self.counts = counts
+        self.total = total
+
+    @classmethod
+    def of(cls, bounds: Sequence[float], values: Sequence[float]) -> _Histogram:
+        """The histogram of ``values`` (``le`` buckets: a value equal to a bound counts in that bound's bucket)."""
+        counts = [0] * (len(bounds) + 1)
+        for value in values:
+            counts[bisect.bisect_left(bounds, value)] += 1
+        return cls(counts, float(sum(values)))
+
+
+def _histograms(
+    bounds: Sequence[float], values: np.ndarray, groups: np.ndarray | None, names: list[str]
+) -> dict[str, _Histogram]:
+    """The histogram of ``values`` for each group (``groups[i]`` indexes ``names``; None: all in ``names[0]``)."""
+    edges = np.asarray(bounds, dtype=np.float64)
+    buckets = len(bounds) + 1
+    index = np.searchsorted(edges, values, side="left")
+    if groups is None:
+        counts = np.bincount(index, minlength=buckets)[None, :]
+        totals = [float(values.sum())]
+    else:
+        counts = np.bincount(groups * buckets + index, minlength=len(names) * buckets).reshape(len(names), buckets)
+        totals = np.bincount(groups, weights=values, minlength=len(names)).tolist()
+    return {name: _Histogram(counts[row].tolist(), totals[row]) for row, name in enumerate(names)}
+
+
+def _taken(queue: collections.deque[Any]) -> list[Any]:
+    """What ``queue`` holds now, taken out (what other threads add meanwhile stays for the next time)."""
+    return list(itertools.starmap(queue.popleft, itertools.repeat((), len(queue))))
+
+
+class Recorder:
+    """This process's metrics: what a request adds is one tuple appended to a queue (no lock: ``deque.append`` is
+    atomic), counted into the Prometheus client's metrics by :meth:`flush`, vectorised."""
+
+    def __init__(self) -> None:
+        arrivals: collections.deque[None] = collections.deque()
+        requests: collections.deque[tuple[Any, ...]] = collections.deque()
+        stages: collections.deque[tuple[float, float, float, float]] = collections.deque()
+        batches: collections.deque[tuple[int, int, list[float]]] = collections.deque()
+        self._queues = arrivals, requests, stages, batches
+        #: A request matched a route and is in flight from now on (``arrived(None)``).
+        self.arrived = arrivals.append
+        #: A request ended: ``finished(((route, method, status, started, received, sent), ended))``, the times from
+        #: ``time.perf_counter()``, the sizes the bodies' bytes.
+        self.finished = requests.append
+        #: One invocation's hooks: ``timed((started, decoded, predicted, encoded))``: ``input_fn`` from ``started``
+        #: to ``decoded``, ``predict_fn`` to ``predicted`` (with micro-batching, its wait for the group
+        #: included), ``output_fn`` to ``encoded``.
+        self.timed = stages.append
+        #: One ``predict_fn`` call of the micro-batcher: ``batched((requests, rows, [seconds each request waited
+        #: from its arrival in the queue to the call]))``.
+        self.batched = batches.append
+        self._in_flight = 0
+        self._families: _Families | None = None
+        self._flush_lock = threading.Lock()
+        self._flusher: threading.Thread | None = None
+        self._pid = os.getpid()
+        #: The batchers of this process, whose queues ``queue_depth`` sums.
+        self.batchers: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    # -- rare events: straight into the Prometheus client -----------------------------------------------------
+    def model_loaded(self, seconds: float) -> None:
+        """This worker loaded its model in ``seconds``."""
+        families = self.families()
+        families.model_load_seconds.set(seconds)
+        families.model_loaded.set(1)
+
+    def model_unloaded(self) -> None:
+        """This worker's model was unloaded."""
+        self.families().model_loaded.set(0)
+
+    # -- moving counts into the Prometheus client --------------------------------------------------------------
+    def families(self) -> _Families:
+        """The Prometheus client's metrics (made, and ``prometheus_client`` imported, on first use)."""
+        families = self._families
+        if families is None:
+            with self._flush_lock:
+                if self._families is None:
+                    self._families = _Families()
+                families = self._families
+        return families
+
+    def flush(self) -> None:
+        """Count what this process recorded into the Prometheus client's metrics (its files, when shared)."""
+        families = self.families()
+        with self._flush_lock:
+            arrivals, requests, stages, batches = (_taken(queue) for queue in self._queues)
+            self._in_flight += len(arrivals)
+            if requests:
+                self._in_flight -= self._add_requests(families, requests)
+            if stages:
+                times = np.array(stages, dtype=np.float64)
+                spent = np.diff(times, axis=1)
+                for column, stage in enumerate(STAGES):
+                    _add(
+                        families.stage_duration.labels(stage),
+                        _histograms(DURATION_BUCKETS, spent[:, column], None, [stage])[stage],
+                    )
+            if batches:
+                sizes, rows, waits = zip(*batches, strict=True)
+                _add(families.batch_size, _Histogram.of(BATCH_BUCKETS, sizes))
+                _add(families.batch_rows, _Histogram.of(ROWS_BUCKETS, rows))
+                _add(families.queue_seconds, _Histogram.of(QUEUE_BUCKETS, [wait for group in waits for wait in group]))
+            families.requests_in_flight.set(self._in_flight)
+            families.queue_depth.set(sum(batcher.waiting for batcher in list(self.batchers)))
+
+    @staticmethod
+    def _add_requests(families: _Families, requests: list[tuple[Any, ...]]) -> int:
+        """Count ``requests`` (see :attr:`finished`); returns how many were in flight: those that matched a route
+        (:attr:`arrived`), scrapes excepted."""
+        records, ended = zip(*requests, strict=True)
+        routes, methods, statuses, started, received, sent = zip(*records, strict=True)
+        for (route, method, status), count in collections.Counter(zip(routes, methods, statuses, strict=True)).items():
+            families.requests_total.labels(route, method if method in METHODS else OTHER, str(status)).inc(count)
+        names: dict[str, int] = {}
+        groups = None
+        if len(set(routes)) > 1:
+            groups = np.fromiter((names.setdefault(route, len(names)) for route in routes), np.intp, len(routes))
+        else:
+            names[routes[0]] = 0
+        labels = list(names)
+        seconds = np.subtract(ended, started)
+        for family, bounds, values in (
+            (families.request_duration, DURATION_BUCKETS, seconds),
+            (families.request_body, BYTES_BUCKETS, np.array(received, dtype=np.float64)),
+            (families.response_body, BYTES_BUCKETS, np.array(sent, dtype=np.float64)),
+        ):
+            for label, histogram in _histograms(bounds, values, groups, labels).items():
+                _add(family.labels(label), histogram)
+        return len(routes) - routes.count(ROUTE) - routes.count(OTHER)
+
+    def start_flushing(self) -> None:
+        """In a worker of ``serve``: flush every :data:`FLUSH_INTERVAL` seconds, and at exit."""
+        if self._flusher is not None and self._pid == os.getpid():
+            return
+        self._pid = os.getpid()
+        self._flusher = threading.Thread(target=self._flush_regularly, name="metrics-flush", daemon=True)
+        self._flusher.start()
+        atexit.register(self.flush)
+        # a forked multiprocessing child (granian's workers) leaves through os._exit, after running these only
+        multiprocessing.util.Finalize(self, self.flush, exitpriority=100)
+
+    def _flush_regularly(self) -> None:
+        while True:
+            time.sleep(FLUSH_INTERVAL)
+            try:
+                self.flush()
+            except Exception:  # a full disk, a removed run directory: the next flush tries again
+                logger.debug("Metrics: flush failed", exc_info=True)
+
+
+class _Families:
+    """Our metrics as the Prometheus client's objects, in a registry of their own."""
+
+    def __init__(self) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+        self.registry = registry = CollectorRegistry(auto_describe=True)
+
+        def histogram(name: str, help: str, labels: tuple[str, ...], buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(PREFIX + name, help, labels, buckets=buckets, registry=registry)
+
+        self.requests_total = Counter(
+            PREFIX + "requests_total",
+            "Requests answered, by route pattern (other: no route matched), method and status",
+            ("route", "method", "status"),
+            registry=registry,
+        )
+        self.request_duration = histogram(
+            "request_duration_seconds",
+            "Seconds from a request's arrival in the app to the end of its answer, by route pattern",
+            ("route",),
+            DURATION_BUCKETS,
+        )
+        self.request_body = histogram(
+            "request_body_bytes", "Bytes of request bodies read, by route pattern", ("route",), BYTES_BUCKETS
+        )
+        self.response_body = histogram(
+            "response_body_bytes", "Bytes of response bodies, by route pattern", ("route",), BYTES_BUCKETS
+        )
+        self.stage_duration = histogram(
+            "stage_duration_seconds",
+            "Seconds in each hook of an invocation: input (input_fn), predict (predict_fn; with micro-batching, "
+            "the wait for its group included), output (output_fn)",
+            ("stage",),
+            DURATION_BUCKETS,
+        )
+        self.batch_size = histogram(
+            "batch_size", "Requests per predict_fn call of the micro-batcher", (), BATCH_BUCKETS
+        )
+        self.batch_rows = histogram("batch_rows", "Rows per predict_fn call of the micro-batcher", (), ROWS_BUCKETS)
+        self.queue_seconds = histogram(
+            "queue_seconds",
+            "Seconds a micro-batched request waited from its arrival in the queue to its predict_fn call",
+            (),
+            QUEUE_BUCKETS,
+        )
+        self.requests_in_flight = Gauge(
+            PREFIX + "requests_in_flight",
+            "Requests being handled, over all workers (GET /metrics itself not counted)",
+            registry=registry,
+            multiprocess_mode="livesum",
+        )
+        self.queue_depth = Gauge(
+            PREFIX + "queue_depth",
+            "Requests waiting for the model in the micro-batchers' queues, over all workers",
+            registry=registry,
+            multiprocess_mode="livesum",
+        )
+        self.model_load_seconds = Gauge(
+            PREFIX + "model_load_seconds",
+            "Seconds the worker (pid) took to load its model",
+            registry=registry,
+            multiprocess_mode="liveall",
+        )
+        self.model_loaded = Gauge(
+            PREFIX + "model_loaded",
+            "Workers whose model is loaded",
+            registry=registry,
+            multiprocess_mode="livesum",
+        )
+        self.worker_restarts = restarts_counter(registry)  # counted by the serving process; zeros here
+        for stage in STAGES:
+            self.stage_duration.labels(stage)
+
+
+def _add(child: prometheus_client.Histogram, histogram: _Histogram) -> None:
+    """Add ``histogram``'s counts to the Prometheus client's histogram ``child`` at once (its ``observe`` adds one
+    value; its bucket values are the per-bucket counts it keeps, not cumulative ones)."""
+    counts = histogram.counts
+    if not any(counts):
+        return
+    buckets = child._buckets  # private, checked by tests/test_metrics.py against observe()
+    for index, count in enumerate(counts):
+        if count:
+            buckets[index].inc(count)
+    child._sum.inc(histogram.total)
+
+
+#: This process's recorder.
+recorder = Recorder()
+
+
+def use_directory(run_dir: Path) -> None:
+    """Share every process's metrics through files in ``run_dir/metrics`` (the serving process, at start-up).
+
+    Must come before the ``prometheus_client`` module is imported, by us or by a plugin (it chooses its multiprocess
+    mode at import); if it was imported already, its choice is changed for the metrics made from now on.
+    """
+    path = run_dir / "metrics"
+    path.mkdir(exist_ok=True)
+    os.environ[MULTIPROCESS_ENV] = str(path)
+    values: Any = sys.modules.get("prometheus_client.values")
+    if values is not None and not getattr(values.ValueClass, "_multiprocess", False):
+        values.ValueClass = values.MultiProcessValue()
+
+
+def shared_directory() -> str | None:
+    """The directory of the Prometheus client's multiprocess files this process writes, if any."""
+    path = os.environ.get(MULTIPROCESS_ENV)
+    return path if path and os.path.isdir(path) else None
+
+
+def scrape() -> bytes:
+    """Every process's metrics (this one's flushed first) in the Prometheus text format."""
+    from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
+    from prometheus_client.multiprocess import MultiProcessCollector
+
+    recorder.flush()
+    path = shared_directory()
+    if path is not None:
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry, path)  # type: ignore[no-untyped-call]
+        return generate_latest(registry)
+    return generate_latest(recorder.families().registry) + generate_latest(REGISTRY)
+
+
+def restarts_counter(registry: prometheus_client.CollectorRegistry) -> prometheus_client.Counter:
+    """``worker_restarts_total`` in ``registry``, with each reason at zero."""
+    from prometheus_client import Counter
+
+    counter = Counter(
+        PREFIX + "worker_restarts_total",
+        "Workers replaced, by reason: crash (it died), max-requests (--max-requests), stuck (work past its --timeout)",
+        ("reason",),
+        registry=registry,
+    )
+    for reason in RESTART_REASONS:
+        counter.labels(reason)
+    return counter
+
+
+@functools.cache
+def _serving_restarts() -> prometheus_client.Counter:
+    """The serving process's own ``worker_restarts_total``: its only metric (no gauges of a worker of its own)."""
+    from prometheus_client import CollectorRegistry
+
+    return restarts_counter(CollectorRegistry())
+
+
+def worker_restarted(reason: str) -> None:
+    """The serving process replaced a worker (``reason`` one of :data:`RESTART_REASONS`)."""
+    _serving_restarts().labels(reason).inc()
+
+
+def process_dead(pid: int) -> None:
+    """Worker ``pid`` is gone: its live gauges leave the scrape (its counters and histograms stay)."""
+    path = shared_directory()
+    if path is not None:
+        from prometheus_client import multiprocess
+
+        multiprocess.mark_process_dead(pid, path)  # type: ignore[no-untyped-call]

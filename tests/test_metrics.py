@@ -1,0 +1,341 @@
+"""Prometheus metrics: what each request, hook, group and worker adds, one scrape over every worker of a real server,
+bounded labels, a scrape while the model is busy, a plugin's own metrics, and nothing when turned off."""
+
+from __future__ import annotations
+
+import io
+import os
+import random
+import signal
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import pytest
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from inference_server import _plugins, metrics, plugin_hook
+from inference_server._settings import Settings
+from inference_server.wsgi._app import App
+from inference_server.wsgi._replies import Body
+
+SLOW = """
+    import time
+
+    import inference_server
+
+    @inference_server.plugin_hook
+    def predict_fn(data, model):
+        if data == {"sleep": True}:
+            time.sleep(2)
+        if data == {"fail": True}:
+            raise RuntimeError("the model failed")
+        return data
+"""
+
+OWN_METRICS = """
+    import inference_server
+    from prometheus_client import Counter
+
+    PREDICTIONS = Counter("my_model_predictions_total", "Predictions made by my model")
+
+    @inference_server.plugin_hook
+    def predict_fn(data, model):
+        PREDICTIONS.inc()
+        return data
+"""
+
+JSON = {"Content-Type": "application/json"}
+
+
+def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """A scrape's samples by name and sorted labels (parsed by the Prometheus client's own parser)."""
+    found = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            found[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return found
+
+
+def total(scraped: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str) -> float:
+    """The sum of ``name``'s samples whose labels include ``labels``."""
+    wanted = set(labels.items())
+    return sum(value for (sample, keys), value in scraped.items() if sample == name and wanted <= set(keys))
+
+
+def call(app: App, method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None) -> int:
+    """Send one request through the WSGI app and close its body, as a server does; returns the status."""
+    environ = {
+        "REQUEST_METHOD": method,
+        "PATH_INFO": path,
+        "SERVER_PROTOCOL": "HTTP/1.1",
+        "CONTENT_LENGTH": str(len(body)),
+        "wsgi.input": io.BytesIO(body),
+        **{f"HTTP_{k.upper().replace('-', '_')}": v for k, v in (headers or {}).items()},
+    }
+    if headers and "Content-Type" in headers:
+        environ["CONTENT_TYPE"] = headers["Content-Type"]
+    statuses = []
+    reply = app(environ, lambda status, headers, exc_info=None: statuses.append(status))
+    b"".join(bytes(chunk) for chunk in reply)
+    getattr(reply, "close", lambda: None)()
+    return int(statuses[0].split()[0])
+
+
+def scrape(app: App) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    environ = {"REQUEST_METHOD": "GET", "PATH_INFO": "/metrics", "SERVER_PROTOCOL": "HTTP/1.1"}
+    reply = app(environ, lambda status, headers, exc_info=None: None)
+    text = b"".join(bytes(chunk) for chunk in reply).decode()
+    getattr(reply, "close", lambda: None)()
+    return samples(text)
+
+
+class Echo:
+    """Echoes its input; raises on {"fail": true}."""
+
+    @plugin_hook
+    def predict_fn(self, data: Any, model: Any) -> Any:
+        if data == {"fail": True}:
+            raise RuntimeError("the model failed")
+        return data
+
+
+@pytest.fixture
+def app(only_plugin: Callable[[Any], Any]) -> App:
+    """An app in this process whose model echoes JSON and raises on {"fail": true}."""
+    only_plugin(Echo())
+    return App(Settings.from_env(), _plugins.manager())
+
+
+def test_a_histogram_added_at_once_equals_the_same_values_observed_one_by_one() -> None:
+    """The flush's bulk add into the Prometheus client's histogram (its private per-bucket values) gives what
+    ``observe`` gives: the check that guards our use of its internals."""
+    values = [0.0001, 0.0005, 0.003, 0.003, 0.2, 7.0, 100.0]
+    by_one, at_once = CollectorRegistry(), CollectorRegistry()
+    one = Histogram("h", "help", buckets=metrics.DURATION_BUCKETS, registry=by_one)
+    for value in values:
+        one.observe(value)
+    ours = metrics._Histogram.of(metrics.DURATION_BUCKETS, values)
+    metrics._add(Histogram("h", "help", buckets=metrics.DURATION_BUCKETS, registry=at_once), ours)
+    grouped = metrics._histograms(metrics.DURATION_BUCKETS, np.array(values), np.zeros(len(values), np.intp), ["h"])
+    assert grouped["h"].counts == ours.counts
+    created = "h_created"  # when each histogram was made: the one difference
+
+    def read(registry: CollectorRegistry) -> dict[Any, float]:
+        return {key: value for key, value in samples(generate_latest(registry).decode()).items() if key[0] != created}
+
+    assert read(at_once) == read(by_one)
+
+
+def test_requests_are_counted_by_route_pattern_method_and_status(app: App) -> None:
+    """Each request adds one to requests_total under its route's pattern, method and status, and one observation
+    to its duration and body-size histograms; requests in flight go back to zero."""
+    before = scrape(app)
+    assert call(app, "POST", "/invocations", b'{"a": 1}', JSON) == 200
+    assert call(app, "POST", "/invocations", b"{not json", JSON) == 400
+    assert call(app, "POST", "/invocations", b'{"fail": true}', JSON) == 500
+    assert call(app, "GET", "/ping") == 200
+    assert call(app, "POST", "/endpoints/my-endpoint/invocations", b'{"a": 1}', JSON) == 200
+    assert call(app, "DELETE", "/ping") == 405
+    after = scrape(app)
+
+    def added(name: str, **labels: str) -> float:
+        return total(after, name, **labels) - total(before, name, **labels)
+
+    for status in ("200", "400", "500"):
+        assert added("inference_server_requests_total", route="/invocations", method="POST", status=status) == 1
+    assert added("inference_server_requests_total", route="/endpoints/{name}/invocations", status="200") == 1
+    assert added("inference_server_requests_total", route="/ping", method="DELETE", status="405") == 1
+    assert added("inference_server_request_duration_seconds_count", route="/invocations") == 3
+    assert added("inference_server_request_body_bytes_sum", route="/invocations") == 8 + 9 + 14
+    assert added("inference_server_response_body_bytes_count", route="/invocations") == 3
+    assert added("inference_server_stage_duration_seconds_count", stage="predict") == 2  # the 500 failed in it
+    assert total(after, "inference_server_requests_in_flight") == 0
+
+
+def test_unknown_paths_count_as_route_other_and_cannot_grow_the_labels(app: App) -> None:
+    """1,000 random paths are all counted under route "other": the label set stays as it was."""
+    call(app, "GET", "/warm-up-the-other-route")
+    before = scrape(app)
+    for _ in range(1000):
+        call(app, random.choice(["GET", "POST", "BREW"]), f"/{random.getrandbits(64):x}/{random.getrandbits(32):x}")
+    after = scrape(app)
+    assert (
+        total(after, "inference_server_requests_total", route="other")
+        - total(before, "inference_server_requests_total", route="other")
+        == 1000
+    )
+    routes = {dict(labels).get("route") for name, labels in after if name == "inference_server_requests_total"}
+    assert routes <= {"other", "/invocations", "/ping", "/endpoints/{name}/invocations", "/metrics"}
+    methods = {dict(labels)["method"] for name, labels in after if name == "inference_server_requests_total"}
+    assert methods <= metrics.METHODS | {"other"}
+
+
+def test_in_flight_counts_a_request_until_its_body_is_closed(app: App) -> None:
+    """A request is in flight from its arrival until the server closes its answer's body; a scrape is not."""
+    environ = {
+        "REQUEST_METHOD": "POST",
+        "PATH_INFO": "/invocations",
+        "SERVER_PROTOCOL": "HTTP/1.1",
+        "CONTENT_TYPE": "application/json",
+        "CONTENT_LENGTH": "2",
+        "wsgi.input": io.BytesIO(b"[]"),
+    }
+    body = app(environ, lambda status, headers, exc_info=None: None)
+    assert isinstance(body, Body)
+    assert total(scrape(app), "inference_server_requests_in_flight") == 1
+    body.close()
+    assert total(scrape(app), "inference_server_requests_in_flight") == 0
+
+
+def test_no_metrics_means_no_route_and_nothing_counted(only_plugin: Callable[[Any], Any]) -> None:
+    """--no-metrics: /metrics is 404 and requests add nothing to this process's metrics."""
+    only_plugin(Echo())
+    app = App(Settings.from_env(metrics=False), _plugins.manager())
+    metrics.recorder.flush()
+    before = generate_latest(metrics.recorder.families().registry)
+    assert call(app, "GET", "/metrics") == 404
+    assert call(app, "POST", "/invocations", b"[1]", JSON) == 200
+    metrics.recorder.flush()
+    assert generate_latest(metrics.recorder.families().registry) == before
+
+
+def test_micro_batched_groups_are_counted_with_their_rows_and_waits(only_plugin: Callable[[Any], Any]) -> None:
+    """With micro-batching, batch_size counts requests per predict_fn call, batch_rows their rows, queue_seconds
+    each request's wait: as many waits as requests."""
+    gate = threading.Event()
+
+    class Model:
+        calls = 0
+
+        @plugin_hook
+        def predict_fn(self, data: Any, model: Any) -> Any:
+            Model.calls += 1
+            gate.wait(5)
+            return data
+
+    only_plugin(Model())
+    app = App(Settings.from_env(max_batch_size=8, max_batch_delay=50, timeout=0), _plugins.manager())
+    before = scrape(app)
+    with ThreadPoolExecutor(12) as pool:
+        futures = [pool.submit(call, app, "POST", "/invocations", b"[[1, 2], [3, 4]]", JSON) for _ in range(12)]
+        time.sleep(0.3)
+        gate.set()
+        assert [future.result() for future in futures] == [200] * 12
+    after = scrape(app)
+
+    def added(name: str) -> float:
+        return total(after, name) - total(before, name)
+
+    assert added("inference_server_batch_size_count") == Model.calls
+    assert added("inference_server_batch_size_sum") == 12
+    assert added("inference_server_batch_rows_sum") == 24
+    assert added("inference_server_queue_seconds_count") == 12
+    assert Model.calls < 12  # some requests shared a call
+
+
+def test_a_scrape_of_a_real_server_covers_every_worker_and_keeps_a_replaced_workers_counts(
+    servers: Any, plugin_site: Any
+) -> None:
+    """Two granian workers, each replaced after 7 requests: after 40 invocations (200, 400, 500) and one unknown
+    path, one scrape shows exactly those requests, histogram counts equal to them, nothing in flight, and the
+    replacements counted as max-requests."""
+    plugin_site.add("slow", SLOW)
+    server = servers.start("--workers", "2", "--max-requests", "7")
+    expected = {"200": 0, "400": 0, "500": 0}
+    for index in range(40):
+        kind = index % 4
+        body = [b"[1, 2]", b"{oops", b'{"fail": true}', b"[4]"][kind]
+        reply = server.request("POST", "/invocations", body, JSON)
+        expected[str(reply.status)] += 1
+    assert server.request("GET", "/no/such/path").status == 404
+    assert expected == {"200": 20, "400": 10, "500": 10}
+
+    def invocations(scraped: dict[Any, float]) -> float:
+        return total(scraped, "inference_server_requests_total", route="/invocations")
+
+    deadline = time.monotonic() + 10
+    scraped = samples(server.request("GET", "/metrics").body.decode())
+    while (
+        invocations(scraped) < 40 or total(scraped, "inference_server_requests_total", route="other") < 1
+    ) and time.monotonic() < deadline:
+        time.sleep(0.1)
+        scraped = samples(server.request("GET", "/metrics").body.decode())
+    for status, count in expected.items():
+        assert total(scraped, "inference_server_requests_total", route="/invocations", status=status) == count
+    assert invocations(scraped) == 40
+    assert total(scraped, "inference_server_requests_total", route="other", status="404") == 1
+    assert total(scraped, "inference_server_request_duration_seconds_count", route="/invocations") == 40
+    assert total(scraped, "inference_server_requests_in_flight") == 0
+    assert total(scraped, "inference_server_worker_restarts_total", reason="max-requests") >= 1
+
+    def live_gauges_are_the_live_workers() -> bool:  # (each scrape is a request too: workers go on being replaced)
+        scraped = samples(server.request("GET", "/metrics").body.decode())
+        pids = {dict(labels)["pid"] for name, labels in scraped if name == "inference_server_model_load_seconds"}
+        live = {str(pid) for pid in server.workers()}
+        return pids <= live and total(scraped, "inference_server_model_loaded") == len(pids) >= 1
+
+    deadline = time.monotonic() + 30
+    while not live_gauges_are_the_live_workers():
+        assert time.monotonic() < deadline, server.output()
+        time.sleep(0.3)
+
+
+@pytest.mark.parametrize("backend", ["granian", "gunicorn"])
+def test_metrics_answers_while_the_model_is_busy_and_counts_a_crashed_worker(
+    backend: str, servers: Any, plugin_site: Any
+) -> None:
+    """/metrics answers within a second while predict_fn sleeps, showing it in flight; a worker killed with
+    SIGKILL is counted as a crash, and the requests it answered before stay counted."""
+    plugin_site.add("slow", SLOW)
+    server = servers.start("--server", backend, "--workers", "2")
+    for _ in range(6):
+        assert server.request("POST", "/invocations", b"[1]", JSON).status == 200
+    with ThreadPoolExecutor(1) as pool:
+        sleeping = pool.submit(server.request, "POST", "/invocations", b'{"sleep": true}', JSON)
+        time.sleep(0.5)
+        started = time.monotonic()
+        reply = server.request("GET", "/metrics", timeout=5)
+        assert time.monotonic() - started < 1.0
+        assert reply.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        assert total(samples(reply.body.decode()), "inference_server_requests_in_flight") == 1
+        assert sleeping.result().status == 200
+    time.sleep(0.5)  # the workers' counts reach the shared files within metrics.FLUSH_INTERVAL
+    victim = min(server.workers())
+    os.kill(victim, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while victim in server.workers() or len(server.workers()) < 2:
+        assert time.monotonic() < deadline, server.output()
+        time.sleep(0.1)
+    scraped = samples(server.request("GET", "/metrics").body.decode())
+    while total(scraped, "inference_server_worker_restarts_total", reason="crash") < 1:
+        assert time.monotonic() < deadline, server.output()
+        time.sleep(0.2)
+        scraped = samples(server.request("GET", "/metrics").body.decode())
+    assert total(scraped, "inference_server_worker_restarts_total", reason="crash") == 1
+    assert total(scraped, "inference_server_requests_total", route="/invocations", status="200") == 7
+
+
+def test_a_plugins_own_prometheus_metrics_are_exported_summed_over_workers(servers: Any, plugin_site: Any) -> None:
+    """A plugin's Counter made with the prometheus_client API at import shows in /metrics, over both workers."""
+    plugin_site.add("own_metrics", OWN_METRICS, requires=["prometheus-client"])
+    server = servers.start("--workers", "2")
+    for _ in range(10):
+        assert server.request("POST", "/invocations", b"[1]", JSON).status == 200
+    deadline = time.monotonic() + 5
+    while True:
+        scraped = samples(server.request("GET", "/metrics").body.decode())
+        if total(scraped, "my_model_predictions_total") == 10 or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert total(scraped, "my_model_predictions_total") == 10
+
+
+def test_no_metrics_on_a_real_server(servers: Any) -> None:
+    """serve --no-metrics: /metrics is 404 and no metrics directory is made."""
+    server = servers.start("--no-metrics", plugins=[])
+    assert server.request("GET", "/metrics").status == 404
