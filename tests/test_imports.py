@@ -69,6 +69,7 @@ LEAVES = (
     f"{OURS}._rundir",
     f"{OURS}.metrics",
     f"{OURS}._logging",
+    f"{OURS}._tracing",
 )
 
 MODULES = sorted([OURS] + [info.name for info in pkgutil.walk_packages(inference_server.__path__, f"{OURS}.")])

@@ -18,9 +18,11 @@ and for paths that match no route), child of the context the request's headers c
 ``tracestate`` with the default propagators; whatever ``OTEL_PROPAGATORS`` chooses), with the attributes of the
 HTTP semantic conventions and ``inference_server.request_id``; status ERROR for a 5xx answer. Each hook of an
 invocation (``input_fn``, ``predict_fn``, ``output_fn``) is a child span of it, which records an exception the hook
-raises (status ERROR). Health checks and scrapes (``/ping``, ``/metrics``) are not traced unless
-``OTEL_PYTHON_EXCLUDED_URLS`` says otherwise (comma-separated regular expressions searched in the path; set, it
-replaces that default; empty, every path is traced).
+raises, with status ERROR unless the exception is an HTTP error of status 4xx (the client's error, such as a body
+that does not decode: recorded, the status left unset, as the server span's is for a 4xx). Health checks and
+scrapes (``/ping``, ``/metrics``) are not traced unless ``OTEL_PYTHON_EXCLUDED_URLS`` says otherwise
+(comma-separated regular expressions searched in the path; set, it replaces that default; empty, every path is
+traced).
 """
 
 from __future__ import annotations
@@ -341,6 +343,8 @@ class _Stage:
         tracing, span = self._tracing, self._span
         tracing._detach(self._token)
         if exc is not None:
-            span.record_exception(exc)
-            span.set_status(tracing._status(tracing._error_code, f"{type(exc).__name__}: {exc}"))
+            span.record_exception(exc, escaped=True)
+            code = getattr(exc, "code", None)
+            if not (isinstance(code, int) and 400 <= code < 500):  # a 4xx is the client's error, not the hook's
+                span.set_status(tracing._status(tracing._error_code, f"{type(exc).__name__}: {exc}"))
         span.end()
