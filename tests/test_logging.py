@@ -4,10 +4,10 @@ real servers on both backends write."""
 from __future__ import annotations
 
 import contextvars
+import copy
 import io
 import logging
 import logging.config
-import pickle
 import re
 import sys
 import textwrap
@@ -168,11 +168,12 @@ def test_a_thread_running_in_the_request_context_logs_its_ids() -> None:
 def test_text_line_keeps_the_format_and_appends_the_request() -> None:
     """A text line is FORMAT, with ``[request ID, inference ID]`` after the message of a request's line."""
     formatter = _logging.TextFormatter()
-    plain = formatter.format(_record())
+    record = _record()
+    plain = formatter.format(record)
     assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} \[\d+\] \[INFO\] my_model: hello world", plain)
     token = _logging.bind("req-1", "inf-1")
     try:
-        assert formatter.format(_record()) == f"{plain} [request req-1, inference inf-1]"
+        assert formatter.format(record) == f"{plain} [request req-1, inference inf-1]"
     finally:
         _logging.unbind(token)
     assert formatter.format(_record(request_id="req-2")).endswith("hello world [request req-2]")
@@ -274,13 +275,13 @@ def test_format_defaults_to_text_on_a_terminal_and_json_otherwise(monkeypatch: p
 
 def test_dict_config_routes_the_backend_and_root_through_one_formatter() -> None:
     """The backend's loggers and the root logger write through the chosen formatter on stderr; the backend's access
-    logger passes warnings only (the app writes the access line); the config applies again after pickling, as a
-    spawned worker receives it."""
+    logger passes warnings only (the app writes the access line); a copy of the config applies again, as each
+    worker applies it (spawned workers are tested below)."""
     names = ("tests.backend.error", "tests.backend.access")
     saved = logging.root.handlers[:], logging.root.level
     try:
         config = _logging.dict_config("debug", names, "json")
-        logging.config.dictConfig(pickle.loads(pickle.dumps(config)))
+        logging.config.dictConfig(copy.deepcopy(config))
         logging.config.dictConfig(config)  # twice: granian applies it in the serving process and in each worker
         error, access = (logging.getLogger(name) for name in names)
         for logger in (logging.root, error, access):
@@ -464,3 +465,45 @@ def test_spawned_granian_workers_write_the_chosen_format(tmp_path: Path) -> None
     model = [line for line in served.lines() if line["logger"] == "my_model"]
     assert [line["request_id"] for line in model] == ["req-ok", "req-boom"]
     assert [line["request_id"] for line in served.access()] == ["req-ok", "req-boom"]
+
+
+@pytest.mark.parametrize("fmt", ["json", "text"])
+def test_an_access_line_written_directly_is_the_line_its_record_would_give(fmt: str) -> None:
+    """The access line written straight to serve's handler (no record) equals, but for its time, what the same line
+    gives through a record (a filter on the way forces that path)."""
+    stream = io.StringIO()
+    handler = _logging.Handler(stream)
+    handler.setFormatter(_logging.formatter(fmt))
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    root.handlers[:] = [handler]
+    root.setLevel(logging.INFO)
+    fields = dict(
+        method="POST",
+        path="/invocations",
+        route="/invocations",
+        status=200,
+        seconds=0.0123,
+        request_bytes=16,
+        response_bytes=9,
+        request_id="order-1138",
+        inference_id="5b6f0e1a-42",
+        quiet=False,
+    )
+    try:
+        assert _logging._only_handler(logging.INFO) is handler
+        _logging.access(**fields)  # type: ignore[arg-type]
+        handler.addFilter(lambda record: True)
+        assert _logging._only_handler(logging.INFO) is None
+        _logging.access(**fields)  # type: ignore[arg-type]
+    finally:
+        root.handlers[:], level = saved
+        root.setLevel(level)
+    handler.flush()
+    direct, through_record = stream.getvalue().splitlines()
+    if fmt == "json":
+        direct_line, record_line = orjson.loads(direct), orjson.loads(through_record)
+        assert direct_line.pop("time")[:16] == record_line.pop("time")[:16]
+        assert direct_line == record_line
+    else:
+        assert direct.split(" [", 1)[1] == through_record.split(" [", 1)[1]

@@ -110,7 +110,8 @@ def _log_summary(app: App, chosen_hooks: bool = False) -> list[str]:
 
 
 def _cannot_start(reason: str) -> int:
-    """Say in one line on stderr why the server cannot start; the exit status is 1."""
+    """Say in one line on stderr why the server cannot start, after the lines logged so far; the exit status is 1."""
+    _logging.flush()
     print(f"inference-server: error: {reason}", file=sys.stderr)
     return 1
 

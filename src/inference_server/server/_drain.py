@@ -14,6 +14,7 @@ import signal
 import time
 from typing import NoReturn
 
+from inference_server import _logging
 from inference_server._settings import Settings
 from inference_server.server import _state
 
@@ -58,6 +59,7 @@ class Drain:
         nothing is logged after the one line that says so (the backend would report them as unexpected exits)."""
         level = logging.INFO if signum == signal.SIGINT else logging.WARNING  # Ctrl-C is how one stops a server
         logger.log(level, "%s: stopping at once", signal.Signals(signum).name)
+        _logging.flush()
         logging.disable(logging.CRITICAL)
         for pid in pids:
             with contextlib.suppress(OSError):

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from inference_server import _rundir, metrics
+from inference_server import _logging, _rundir, metrics
 from inference_server._rundir import RUN_DIR_ENV, SERVING_PID_ENV, map_file
 
 logger = logging.getLogger("inference_server")
@@ -144,6 +144,7 @@ class Worker:
         while os.getppid() == self._parent:
             time.sleep(PARENT_POLL)
         logger.error("Worker %d: the serving process %d is gone; exiting", os.getpid(), self._parent)
+        _logging.flush()
         os._exit(1)
 
     def stop_requested(self) -> bool:

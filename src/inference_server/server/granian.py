@@ -103,6 +103,7 @@ def _while_loading(state: _state.Worker) -> Callable[[int, Any], None]:
     def handler(signum: int, frame: Any) -> None:
         if state.stop_requested():
             logger.info("Worker %d: stopped while loading the model", os.getpid())
+            _logging.flush()
             os._exit(0)
 
     return handler
