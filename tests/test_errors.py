@@ -17,7 +17,9 @@ TREE = {
     "HTTPError": (errors.InferenceServerError, None, False),
     "BadRequest": (errors.HTTPError, 400, False),
     "DecodeError": (errors.BadRequest, 400, True),
+    "NotFound": (errors.HTTPError, 404, False),
     "RequestTimeout": (errors.HTTPError, 408, False),
+    "Conflict": (errors.HTTPError, 409, False),
     "PayloadTooLarge": (errors.HTTPError, 413, False),
     "URITooLong": (errors.HTTPError, 414, False),
     "UnsupportedMediaType": (errors.HTTPError, 415, False),
@@ -26,6 +28,7 @@ TREE = {
     "ServiceUnavailable": (errors.HTTPError, 503, False),
     "ModelLoadError": (errors.ServiceUnavailable, 503, False),
     "GatewayTimeout": (errors.HTTPError, 504, False),
+    "InsufficientStorage": (errors.HTTPError, 507, False),
 }
 
 

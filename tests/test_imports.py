@@ -14,7 +14,7 @@ import inference_server
 OURS = "inference_server"
 SERVERS = ("gunicorn", "granian")
 WSGI = f"{OURS}.wsgi"
-PROTOCOLS = (f"{WSGI}.sagemaker", f"{WSGI}.runtime", f"{WSGI}.prometheus")
+PROTOCOLS = (f"{WSGI}.sagemaker", f"{WSGI}.runtime", f"{WSGI}.prometheus", f"{WSGI}.models")
 #: Module prefix -> modules (and their submodules) that no module under the prefix may load.
 FORBIDDEN: dict[str, tuple[str, ...]] = {
     f"{OURS}.codecs": (
@@ -54,6 +54,8 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     f"{OURS}.cli": ("prometheus_client", "opentelemetry"),
     f"{OURS}.wsgi._app": ("prometheus_client", "opentelemetry"),
     f"{OURS}.metrics": ("prometheus_client",),
+    # a worker's models know nothing of HTTP
+    f"{OURS}._multimodel": (WSGI, f"{OURS}.server", f"{OURS}.cli", *SERVERS),
 }
 #: The chosen backend alone is imported: importing one never loads the other, and the package loads neither.
 EXACT: dict[str, tuple[str, ...]] = {
@@ -70,6 +72,7 @@ LEAVES = (
     f"{OURS}.metrics",
     f"{OURS}._logging",
     f"{OURS}._tracing",
+    f"{OURS}._registry",
 )
 
 MODULES = sorted([OURS] + [info.name for info in pkgutil.walk_packages(inference_server.__path__, f"{OURS}.")])

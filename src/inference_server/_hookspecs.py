@@ -49,6 +49,11 @@ class HookSpecs:
         """
         raise NotImplementedError
 
+    @hookspec
+    def model_unload_fn(self, model: Any) -> None:
+        """Release what ``model`` holds beyond Python's memory (GPU memory, files, threads) when a multi-model endpoint
+        unloads it; every implementation runs. New in 2.0."""
+
     @hookspec(firstresult=True)
     def ping_fn(self, model: Any) -> bool:
         """Return whether the model is healthy; ``False`` makes ``/ping`` answer 503."""

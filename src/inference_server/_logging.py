@@ -182,7 +182,8 @@ class Handler(logging.StreamHandler):  # type: ignore[type-arg]
     """The handler ``serve`` writes every line with (stderr), off the request path.
 
     A line is formatted on the thread that logs it (so it has that thread's request id) and handed to one writer
-    thread per process, which writes what has gathered in one call: a request never waits for stderr (a write is a
+    thread per process, which writes what has gathered in one call: a request never waits for stderr to log at info
+    or debug level (a write is a
     system call that lets other threads take the GIL, which a busy server then waits to get back: measured, an
     access line written on the request's thread cost 45% of small-request throughput). Lines keep their order;
     what is queued is written at exit (``flush``, called by :mod:`logging` at exit and by multiprocessing's
@@ -207,12 +208,16 @@ class Handler(logging.StreamHandler):  # type: ignore[type-arg]
         self._start_lock = threading.Lock()
 
     def emit(self, record: logging.LogRecord) -> None:
+        """Queue the record's line; a warning or worse is written before this returns (with what was queued before
+        it, in order): it may be the last word before the process ends, or the trace of a 500 being answered."""
         try:
             line = self.format(record)
         except Exception:
             self.handleError(record)
             return
         self.put(line)
+        if record.levelno >= logging.WARNING:
+            self.flush()
 
     def put(self, line: str) -> None:
         """Queue ``line`` for the writer thread."""
@@ -348,8 +353,10 @@ def access(
     request_id: str,
     inference_id: str | None,
     quiet: bool,
+    model: str = "",
 ) -> None:
-    """The access-log line of one request (at debug level when ``quiet``)."""
+    """The access-log line of one request (at debug level when ``quiet``); ``model``: the model of a multi-model
+    endpoint it invoked (by name, or by SageMaker Runtime's ``TargetModel``)."""
     level = logging.DEBUG if quiet else logging.INFO
     if not access_logger.isEnabledFor(level):
         return
@@ -363,6 +370,8 @@ def access(
         "request_bytes": request_bytes,
         "response_bytes": response_bytes,
     }
+    if model:
+        http["model"] = model
     handler = _only_handler(level)
     if handler is not None:
         message = _ACCESS % (method, path, status, duration_ms, request_bytes, response_bytes)

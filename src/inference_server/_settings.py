@@ -379,6 +379,46 @@ class Settings:
         "requests waiting for the model per worker when batching; beyond it 503 with Retry-After at once",
         default_text="4 x the batch size",
     )
+    #: SageMaker's multi-model endpoints: the ``/models`` API (SageMaker sets the variable for containers labelled
+    #: ``com.amazonaws.sagemaker.capabilities.multi-models=true``).
+    multi_model: bool = _variable(
+        False,
+        "SAGEMAKER_MULTI_MODEL",
+        _boolean,
+        "serve several models: SageMaker's model management API (POST/GET /models, GET/DELETE /models/NAME, "
+        "POST /models/NAME/invoke), each model loaded by model_fn from its own directory",
+        default_text="off",
+        flag=True,
+    )
+    model_root: str | None = _variable(
+        None,
+        "INFERENCE_SERVER_MODEL_ROOT",
+        str,
+        "a directory of models (each a directory or a .tar.gz) that SageMaker Runtime's TargetModel names on "
+        "POST /endpoints/NAME/invocations, loaded on first use as SageMaker does from S3",
+        default_text="none",
+    )
+    max_models: int = _variable(
+        0,
+        "INFERENCE_SERVER_MAX_MODELS",
+        _integer(0),
+        "models loaded at once (multi-model); past it a load answers 507 (--model-root: the least recently used is "
+        "unloaded); 0: no limit",
+    )
+    max_model_memory: int = _variable(
+        0,
+        "INFERENCE_SERVER_MAX_MODEL_MEMORY_MB",
+        _integer(0),
+        "megabytes of resident memory the loaded models may take in each worker, each model counted as the growth of "
+        "the worker's memory while it loaded (multi-model); past it 507 (--model-root: the least recently used is "
+        "unloaded); 0: no limit",
+    )
+    metrics_max_models: int = _variable(
+        100,
+        "INFERENCE_SERVER_METRICS_MAX_MODELS",
+        _integer(1),
+        "distinct values of the metrics' model label per worker (multi-model); further models count as other",
+    )
     #: Put a failing hook's exception message and traceback in its 500 answer (they may hold request data).
     debug: bool = _variable(
         False,

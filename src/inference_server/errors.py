@@ -11,7 +11,9 @@ Catch :class:`InferenceServerError` for anything this package raises on purpose:
     └── HTTPError                         an answer with a status (``code``) and a message (``description``)
         ├── BadRequest            400
         │   └── DecodeError (ValueError)  a body the built-in codecs cannot decode
+        ├── NotFound              404   no such model (multi-model endpoints), or its directory is missing
         ├── RequestTimeout        408   the client took longer than the read timeout to send its request
+        ├── Conflict              409   a model of that name is loaded already
         ├── PayloadTooLarge       413
         ├── URITooLong            414
         ├── UnsupportedMediaType  415
@@ -19,7 +21,8 @@ Catch :class:`InferenceServerError` for anything this package raises on purpose:
         ├── EncodeError           500   no codec can encode the prediction (the model's output, not the client)
         ├── ServiceUnavailable    503
         │   └── ModelLoadError    503   model_fn raised; the reason is in the log
-        └── GatewayTimeout        504   handling the request took longer than the timeout
+        ├── GatewayTimeout        504   handling the request took longer than the timeout
+        └── InsufficientStorage   507   a model does not fit (memory, --max-models): SageMaker unloads others
 
 A hook may raise these, or any :class:`werkzeug.exceptions.HTTPException` (as in inference-server 1.x), to choose the
 status of the response; the message is its ``description``. They are not werkzeug's classes, so that the client and
@@ -34,14 +37,17 @@ from typing import ClassVar
 __all__ = [
     "BadRequest",
     "ConfigurationError",
+    "Conflict",
     "DecodeError",
     "EncodeError",
     "GatewayTimeout",
     "HTTPError",
     "HookError",
     "InferenceServerError",
+    "InsufficientStorage",
     "ModelLoadError",
     "NotAcceptable",
+    "NotFound",
     "PayloadTooLarge",
     "PluginError",
     "PredictionError",
@@ -120,6 +126,20 @@ class DecodeError(BadRequest, ValueError):
     """400: the body is not valid for its declared media type."""
 
 
+class NotFound(HTTPError):
+    """404: no model of that name is loaded (multi-model endpoints), or the model's directory does not exist."""
+
+    code = 404
+    description = "Not found."
+
+
+class Conflict(HTTPError):
+    """409: a model of that name is loaded (or being loaded) already."""
+
+    code = 409
+    description = "The model is loaded already."
+
+
 class RequestTimeout(HTTPError):
     """408: the client did not send its whole request within the read timeout."""
 
@@ -178,3 +198,11 @@ class GatewayTimeout(HTTPError):
 
 class ModelLoadError(ServiceUnavailable):
     """503: ``model_fn`` raised, so there is no model to serve; the reason is in the log."""
+
+
+class InsufficientStorage(HTTPError):
+    """507: the model does not fit: ``model_fn`` ran out of memory, or the server's ``--max-models`` or
+    ``--max-model-memory`` is reached. SageMaker answers it by unloading models it has not used lately."""
+
+    code = 507
+    description = "The model does not fit."

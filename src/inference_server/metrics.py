@@ -129,8 +129,9 @@ class Recorder:
         self._queues = arrivals, requests, stages, batches
         #: A request matched a route and is in flight from now on (``arrived(None)``).
         self.arrived = arrivals.append
-        #: A request ended: ``finished(((route, method, status, started, received, sent), ended))``, the times from
-        #: ``time.perf_counter()``, the sizes the bodies' bytes.
+        #: A request ended: ``finished(((route, method, status, started, received, sent, model), ended))``, the
+        #: times from ``time.perf_counter()``, the sizes the bodies' bytes, ``model`` the name a multi-model endpoint
+        #: invoked ("" otherwise).
         self.finished = requests.append
         #: One invocation's hooks: ``timed((started, decoded, predicted, encoded))``: ``input_fn`` from ``started``
         #: to ``decoded``, ``predict_fn`` to ``predicted`` (with micro-batching, its wait for the group
@@ -140,6 +141,9 @@ class Recorder:
         #: from its arrival in the queue to the call]))``.
         self.batched = batches.append
         self._in_flight = 0
+        #: Distinct values of the ``model`` label at most (further models count as ``other``), and those seen.
+        self.max_models = 100
+        self._models: set[str] = set()
         self._families: _Families | None = None
         self._flush_lock = threading.Lock()
         self._flusher: threading.Thread | None = None
@@ -193,28 +197,45 @@ class Recorder:
             families.requests_in_flight.set(self._in_flight)
             families.queue_depth.set(sum(batcher.waiting for batcher in list(self.batchers)))
 
-    @staticmethod
-    def _add_requests(families: _Families, requests: list[tuple[Any, ...]]) -> int:
+    def _model_label(self, model: str) -> str:
+        """``model`` as the label says it: bounded to :attr:`max_models` distinct names in this process."""
+        if not model or model in self._models:
+            return model
+        if len(self._models) < self.max_models:
+            self._models.add(model)
+            return model
+        return OTHER
+
+    def _add_requests(self, families: _Families, requests: list[tuple[Any, ...]]) -> int:
         """Count ``requests`` (see :attr:`finished`); returns how many were in flight: those that matched a route
         (:attr:`arrived`), scrapes excepted."""
         records, ended = zip(*requests, strict=True)
-        routes, methods, statuses, started, received, sent = zip(*records, strict=True)
-        for (route, method, status), count in collections.Counter(zip(routes, methods, statuses, strict=True)).items():
-            families.requests_total.labels(route, method if method in METHODS else OTHER, str(status)).inc(count)
+        routes, methods, statuses, started, received, sent, models = zip(*records, strict=True)
+        counts = collections.Counter(zip(routes, methods, statuses, models, strict=True))
+        for (route, method, status, model), count in counts.items():
+            method = method if method in METHODS else OTHER
+            families.requests_total.labels(route, method, str(status), self._model_label(model)).inc(count)
+        if any(models):
+            by_model: dict[tuple[str, str], list[float]] = {}
+            for route, model, seconds in zip(routes, models, np.subtract(ended, started).tolist(), strict=True):
+                if model:
+                    by_model.setdefault((route, self._model_label(model)), []).append(seconds)
+            for (route, model), durations in by_model.items():
+                _add(families.model_duration.labels(route, model), _Histogram.of(DURATION_BUCKETS, durations))
         names: dict[str, int] = {}
         groups = None
         if len(set(routes)) > 1:
             groups = np.fromiter((names.setdefault(route, len(names)) for route in routes), np.intp, len(routes))
         else:
             names[routes[0]] = 0
-        labels = list(names)
+        route_labels = list(names)
         seconds = np.subtract(ended, started)
         for family, bounds, values in (
             (families.request_duration, DURATION_BUCKETS, seconds),
             (families.request_body, BYTES_BUCKETS, np.array(received, dtype=np.float64)),
             (families.response_body, BYTES_BUCKETS, np.array(sent, dtype=np.float64)),
         ):
-            for label, histogram in _histograms(bounds, values, groups, labels).items():
+            for label, histogram in _histograms(bounds, values, groups, route_labels).items():
                 _add(family.labels(label), histogram)
         return len(routes) - routes.count(ROUTE) - routes.count(OTHER)
 
@@ -251,9 +272,16 @@ class _Families:
 
         self.requests_total = Counter(
             PREFIX + "requests_total",
-            "Requests answered, by route pattern (other: no route matched), method and status",
-            ("route", "method", "status"),
+            "Requests answered, by route pattern (other: no route matched), method, status and model (multi-model "
+            "endpoints: at most --metrics-max-models names per worker, then other)",
+            ("route", "method", "status", "model"),
             registry=registry,
+        )
+        self.model_duration = histogram(
+            "model_request_duration_seconds",
+            "Seconds of the requests that invoked a model of a multi-model endpoint, by route pattern and model",
+            ("route", "model"),
+            DURATION_BUCKETS,
         )
         self.request_duration = histogram(
             "request_duration_seconds",

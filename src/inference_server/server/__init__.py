@@ -50,6 +50,10 @@ def server_threads(settings: Settings) -> int:
 def load_model(app: App) -> None:
     """Load the model in a worker before it serves; a failure is logged (with its traceback) and /ping says 503."""
     _models.warn_missing_dir = False  # the serving process warned once already
+    if app.multi_model is not None:
+        app.multi_model.start_watching()
+    if app.settings.multi_model:
+        return  # models are loaded through /models
     started = time.perf_counter()
     with contextlib.suppress(ModelLoadError):
         app.model()
@@ -102,7 +106,7 @@ def _log_summary(app: App, chosen_hooks: bool = False) -> list[str]:
             batching.max_queue,
         )
     warnings += _plugins.problems(app.pm)
-    missing = _models.missing_dir(settings.model_dir)
+    missing = None if settings.multi_model else _models.missing_dir(settings.model_dir)
     warnings += [missing] if missing else []
     for warning in warnings:
         logger.warning("%s", warning)

@@ -93,6 +93,8 @@ class Supervisor:
             note.unlink()
         except OSError:
             reason = "crash"
+        for cost in (self.path / "models").glob(f"*.rss-{pid}"):  # what it paid for multi-model models
+            cost.unlink(missing_ok=True)
         try:
             metrics.process_dead(pid)
             if replaced:

@@ -20,13 +20,15 @@ from inference_server import _logging, _plugins, _tracing, batching, codecs, met
 from inference_server._pipeline import Pipeline
 from inference_server._settings import Settings
 from inference_server.errors import BadRequest, URITooLong
-from inference_server.wsgi import prometheus, runtime, sagemaker
+from inference_server.wsgi import models, prometheus, runtime, sagemaker
 from inference_server.wsgi._body import BODY_BYTES
-from inference_server.wsgi._invoke import Backend, Lifecycle, Target, WorkerState
+from inference_server.wsgi._invoke import MODEL, Backend, Lifecycle, Target, WorkerState
 from inference_server.wsgi._replies import STATUS_LINES, Body, Handler, Reply, Request, close, error_for
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIEnvironment
+
+    from inference_server._multimodel import MultiModel
 
 __all__ = ["App", "Backend", "create_app", "warmup"]
 
@@ -35,7 +37,7 @@ CUSTOM_ATTRIBUTES = "X-Amzn-SageMaker-Custom-Attributes"
 #: Bytes of path and query string a request may have (414 beyond).
 MAX_URL_BYTES = 8192
 #: The protocols every app serves, each a module with ``register(app)``.
-PROTOCOLS = (sagemaker, runtime, prometheus)
+PROTOCOLS = (sagemaker, runtime, models, prometheus)
 INFERENCE_ID = "HTTP_X_AMZN_SAGEMAKER_INFERENCE_ID"
 #: The environ key under which the app notes the route (pattern) a request matched.
 ROUTE = "inference_server.route"
@@ -102,8 +104,12 @@ class App:
         #: The model that ``/invocations`` serves.
         self.target = Target.serving(self.pipeline, settings)
         self.lifecycle = Lifecycle(settings, self.backend)
+        #: The models of a multi-model endpoint (``--multi-model``, ``--model-root``), else None.
+        self.multi_model = _multi_model(self.pipeline, settings)
         #: Where requests are counted (``--metrics``), else None.
         self.recorder = metrics.recorder if settings.metrics else None
+        if self.recorder is not None:
+            self.recorder.max_models = settings.metrics_max_models
         self._tracing = _tracing.create()
         self._edge = self.recorder is not None or settings.access_log or self._tracing is not None
         self._finish_simply = self.recorder is not None and not settings.access_log and self._tracing is None
@@ -176,7 +182,8 @@ class App:
                 if name == "Content-Length":
                     sent = int(value)
                     break
-            record = (environ.get(ROUTE, metrics.OTHER), method, status, started, environ.get(BODY_BYTES, 0), sent)
+            route = environ.get(ROUTE, metrics.OTHER)
+            record = (route, method, status, started, environ.get(BODY_BYTES, 0), sent, environ.get(MODEL, ""))
             body = body if isinstance(body, Body) else Body(body)
             if self._finish_simply:
                 body.add(functools.partial(self._count, record))
@@ -202,7 +209,7 @@ class App:
         ended = time.perf_counter()
         if self.recorder is not None:
             self.recorder.finished((record, ended))
-        route, method, status, started, received, sent = record
+        route, method, status, started, received, sent, model = record
         if self.settings.access_log:
             _logging.access(
                 method=method,
@@ -215,6 +222,7 @@ class App:
                 request_id=request_id,
                 inference_id=environ.get(INFERENCE_ID),
                 quiet=route in QUIET_ROUTES,
+                model=model,
             )
         if span is not None:
             span.end(route, status, received, sent)
@@ -249,6 +257,18 @@ class App:
             raise werkzeug.exceptions.RequestHeaderFieldsTooLarge(
                 f"the headers are larger than {self.settings.max_header_bytes} bytes (--max-header-bytes)"
             )
+
+
+def _multi_model(pipeline: Pipeline, settings: Settings) -> MultiModel | None:
+    """A worker's models of a multi-model endpoint, registered in the server's run directory (shared by its workers),
+    or in a private one outside ``serve``."""
+    if not (settings.multi_model or settings.model_root):
+        return None
+    from inference_server import _multimodel, _registry, _rundir
+
+    run_dir = _rundir.current()
+    registry = _registry.Registry(run_dir / "models" if run_dir is not None else None)
+    return _multimodel.MultiModel(pipeline, settings, registry, run_dir / "unpacked" if run_dir is not None else None)
 
 
 def create_app(*, model_dir: str | None = None) -> App:

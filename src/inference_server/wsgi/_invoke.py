@@ -28,6 +28,21 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("inference_server")
 
+#: The environ key naming the model a request invokes on a multi-model endpoint (the metrics' ``model`` label).
+MODEL = "inference_server.model"
+#: The header SageMaker passes the original ``TargetModel`` in, under both names its documentation has used.
+TARGET_MODEL_HEADERS = ("HTTP_X_AMZN_SAGEMAKER_TARGET_MODEL", "HTTP_X_AMZN_TARGET_MODEL")
+
+
+def target_model(environ: WSGIEnvironment) -> str | None:
+    """The request's ``TargetModel`` header, under either name, or None."""
+    for header in TARGET_MODEL_HEADERS:
+        value = environ.get(header)
+        if value:
+            return str(value)
+    return None
+
+
 #: Seconds an overrunning request's work may go on after its 504 before the worker is replaced.
 RECYCLE_GRACE = 2.0
 

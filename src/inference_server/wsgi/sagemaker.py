@@ -45,6 +45,8 @@ class _Handlers:
         if self._pings.overrunning:
             logger.warning("Ping: an earlier check has been running for over %s s; answering 503", PING_TIMEOUT)
             return self._unhealthy(request, f"an earlier health check has been running for over {PING_TIMEOUT} s")
+        if self.app.settings.multi_model:
+            return 200, list(_EMPTY), []  # up: the models are loaded through /models, each on its own
         deadline = time.monotonic() + PING_TIMEOUT
         try:
             reason = self._pings.run(self.app.pipeline.unhealthy, lambda: deadline)

@@ -1,0 +1,284 @@
+"""One worker's side of a multi-model endpoint: models loaded by name, lazily, within a memory budget.
+
+SageMaker's "Custom Containers Contract for Multi-Model Endpoints" (mms-container-apis in its developer guide) loads
+and unloads models through the container's ``/models`` API and invokes them at ``/models/{name}/invoke``; the
+``model_name`` is opaque. Here:
+
+- A load (``POST /models``) runs ``model_fn(url)`` in the worker that got it, then registers the model in the
+  server's :class:`~inference_server._registry.Registry`; every other worker loads it on its first invocation (once,
+  however many requests ask at once; models load one at a time within a worker, so that two large loads never peak
+  together, while invocations of loaded models go on). An unload (``DELETE``) unregisters it; each worker then drops
+  its model within :data:`~inference_server._registry.WATCH_INTERVAL` seconds, calls the ``model_unload_fn`` hook,
+  and gives the memory back to the system.
+- **Memory, accounted for.** What a model costs is the growth of the worker's resident memory (RSS, from
+  ``/proc/self/statm``) while its ``model_fn`` ran, measured in each worker that loads it; ``GET /models`` shows it
+  per worker. ``--max-models`` bounds the models registered; ``--max-model-memory`` (MB) bounds what one worker's
+  loaded models cost together. Past either, a load answers 507, which tells SageMaker to unload others first; so does
+  a ``MemoryError`` from ``model_fn``.
+- ``--model-root DIR`` serves SageMaker Runtime's ``TargetModel`` locally, as SageMaker's front end does from S3:
+  ``DIR/<target>`` (a directory, or a ``.tar.gz`` unpacked safely into a cache first) is loaded on first use, and the
+  least recently used of those models are unloaded to make room within the same limits.
+
+Models stay loaded while they are used: nothing is unloaded for being idle.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import ctypes
+import ctypes.util
+import gc
+import logging
+import os
+import shutil
+import tempfile
+import threading
+import time
+import weakref
+from pathlib import Path
+from typing import Any
+
+from inference_server import _archive, _models
+from inference_server._pipeline import Pipeline
+from inference_server._registry import WATCH_INTERVAL, Busy, Registry
+from inference_server._settings import Settings
+from inference_server.errors import BadRequest, Conflict, InsufficientStorage, ModelLoadError, NotFound
+
+logger = logging.getLogger("inference_server")
+
+_MB = 1 << 20
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+#: Models listed per page of ``GET /models`` unless ``page_size`` says otherwise.
+PAGE_SIZE = 1000
+
+
+def resident_bytes() -> int:
+    """This process's resident memory now (0 where ``/proc`` is missing)."""
+    try:
+        with open("/proc/self/statm", "rb") as statm:
+            return int(statm.read().split()[1]) * _PAGE
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _give_memory_back() -> None:
+    """Collect cycles, then ask the C allocator to return freed memory to the system (glibc's ``malloc_trim``)."""
+    gc.collect()
+    name = ctypes.util.find_library("c")
+    if name:
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(name).malloc_trim(0)
+
+
+class MultiModel:
+    """The models of one worker (see the module's text)."""
+
+    def __init__(self, pipeline: Pipeline, settings: Settings, registry: Registry, cache: Path | None = None) -> None:
+        self.pipeline = pipeline
+        self.registry = registry
+        self.max_models = settings.max_models
+        self.budget = settings.max_model_memory * _MB
+        self.root = Path(settings.model_root).resolve() if settings.model_root else None
+        #: Where ``--model-root`` tarballs are unpacked (shared by the workers; a private directory made on first use
+        #: when None).
+        self._cache = cache
+        self._store = _models.Models()
+        self._loading = threading.Lock()  # one load at a time in this worker
+        self._lock = threading.Lock()
+        #: What each model held here cost (bytes of RSS), and when it was last used (monotonic), by store key.
+        self._costs: dict[tuple[str, str], int] = {}
+        self._used: dict[tuple[str, str], float] = {}
+        self._version = registry.version()
+        self._watcher: threading.Thread | None = None
+
+    # -- the model management API --------------------------------------------------------------------------------
+    def load(self, name: str, url: str) -> None:
+        """Load ``name`` from the directory ``url`` here and register it for every worker (see the module's text)."""
+        if not os.path.isdir(url):
+            raise NotFound(f"the model directory {url} does not exist" if not os.path.exists(url) else
+                           f"{url} is not a directory")  # fmt: skip
+        if self.max_models and self.registry.count() >= self.max_models:
+            raise InsufficientStorage(
+                f"{self.max_models} models are loaded already (--max-models); unload one to load {name!r}"
+            )
+        try:
+            with self.registry.claim(name):
+                self._load(("api", name), url)
+                self.registry.add(name, url)
+        except Busy:
+            raise Conflict(f"the model {name!r} is loaded already") from None
+        logger.info("Multi-model: loaded %r from %s", name, url)
+
+    def unload(self, name: str) -> None:
+        """Unregister ``name``; every worker drops it (this one now). :class:`NotFound` if it is not loaded."""
+        if not self.registry.remove(name):
+            raise NotFound(f"no model named {name!r} is loaded")
+        self._drop(("api", name))
+        logger.info("Multi-model: unloaded %r", name)
+
+    def describe(self, name: str) -> dict[str, Any]:
+        """``GET /models/{name}``: its entry, with what it costs each worker that loaded it."""
+        found = self.registry.get(name)
+        if found is None:
+            raise NotFound(f"no model named {name!r} is loaded")
+        return self._entry(found.name, found.url)
+
+    def listing(self, token: str | None, size: str | None) -> dict[str, Any]:
+        """``GET /models``: a page of models by name from ``token`` (the previous page's ``nextPageToken``)."""
+        try:
+            page_size = int(size) if size is not None else PAGE_SIZE
+            if page_size < 1:
+                raise ValueError
+        except ValueError:
+            raise BadRequest(f"page_size {size!r} is not a positive integer") from None
+        after = ""
+        if token:
+            try:
+                after = base64.urlsafe_b64decode(token.encode("ascii")).decode("utf-8")
+                if base64.urlsafe_b64encode(after.encode("utf-8")).decode("ascii") != token:
+                    raise ValueError
+            except (ValueError, UnicodeError):
+                raise BadRequest(f"next_page_token {token!r} is not one this server gave") from None
+        models = [model for model in self.registry.all() if model.name > after] if after else self.registry.all()
+        page = models[:page_size]
+        answer: dict[str, Any] = {"models": [self._entry(model.name, model.url) for model in page]}
+        if len(models) > page_size:
+            answer["nextPageToken"] = base64.urlsafe_b64encode(page[-1].name.encode("utf-8")).decode("ascii")
+        return answer
+
+    def _entry(self, name: str, url: str) -> dict[str, Any]:
+        return {"modelName": name, "modelUrl": url, "rssBytesByWorker": self.registry.costs(name)}
+
+    # -- invocations ---------------------------------------------------------------------------------------------
+    def model(self, name: str) -> Any:
+        """The model registered as ``name``, loaded here on first use; :class:`NotFound` if it is not registered."""
+        key = ("api", name)
+        entry = self._store.entry(key)
+        if entry is not None and entry.loaded:
+            self._used[key] = time.monotonic()
+            if self.registry.version() == self._version or self.registry.get(name) is not None:
+                return entry.model
+        found = self.registry.get(name)
+        if found is None:
+            self._drop(key)
+            raise NotFound(f"no model named {name!r} is loaded (load it with POST /models)")
+        return self._load(key, found.url)
+
+    def target_model(self, target: str) -> Any:
+        """The model of SageMaker Runtime's ``TargetModel`` under ``--model-root``, loaded on first use, making room
+        by unloading the least recently used of those."""
+        if self.root is None:
+            raise BadRequest(
+                "this server has no --model-root, so it cannot load a TargetModel: start it with --model-root DIR "
+                "(DIR/<TargetModel> holds each model), or load models through POST /models"
+            )
+        key = ("target", target)
+        entry = self._store.entry(key)
+        if entry is not None and entry.loaded:
+            self._used[key] = time.monotonic()
+            return entry.model
+        try:
+            directory = _archive.model_directory(self.root, target, self._unpacked())
+        except FileNotFoundError as exc:
+            raise NotFound(str(exc)) from None
+        except _archive.ArchiveError as exc:
+            raise BadRequest(str(exc)) from None
+        return self._load(key, str(directory), make_room=True)
+
+    def _unpacked(self) -> Path:
+        if self._cache is None:
+            self._cache = Path(tempfile.mkdtemp(prefix="inference-server-unpacked-"))
+            weakref.finalize(self, shutil.rmtree, self._cache, True)
+        self._cache.mkdir(exist_ok=True)
+        return self._cache
+
+    # -- loading and unloading here ------------------------------------------------------------------------------
+    def _load(self, key: tuple[str, str], model_dir: str, make_room: bool = False) -> Any:
+        with self._loading:
+            entry = self._store.entry(key)
+            if entry is not None and entry.loaded:
+                return entry.model
+            if make_room:
+                self._make_room(key)
+            before = resident_bytes()
+            try:
+                model = self._store.load(key, self.pipeline, model_dir)
+            except ModelLoadError:
+                entry = self._store.entry(key)
+                error = entry.error if entry is not None else None
+                self._store.unload(key)
+                if isinstance(error, MemoryError):
+                    raise InsufficientStorage(f"the model {key[1]!r} did not fit in memory (MemoryError)") from None
+                raise
+            cost = max(resident_bytes() - before, 0)
+            with self._lock:
+                self._costs[key] = cost
+                self._used[key] = time.monotonic()
+                used = sum(self._costs.values())
+            if self.budget and used > self.budget:
+                self._drop(key)
+                raise InsufficientStorage(
+                    f"the model {key[1]!r} takes {cost / _MB:.1f} MB, more than the {self.budget / _MB:.0f} MB this "
+                    f"worker has left for models (--max-model-memory); unload one to load it"
+                )
+            if key[0] == "api":
+                self.registry.set_cost(key[1], cost)
+            return model
+
+    def _make_room(self, key: tuple[str, str]) -> None:
+        """Unload the least recently used ``--model-root`` models until ``key`` may load within the limits."""
+        while True:
+            with self._lock:
+                held = [other for other in self._costs if other[0] == "target" and other != key]
+                over_count = self.max_models and len(self._costs) >= self.max_models
+                over_memory = self.budget and sum(self._costs.values()) >= self.budget
+                if not held or not (over_count or over_memory):
+                    return
+                oldest = min(held, key=lambda other: self._used.get(other, 0.0))
+            logger.info("Multi-model: unloading %r, the least recently used, to make room for %r", oldest[1], key[1])
+            self._drop(oldest)
+
+    def _drop(self, key: tuple[str, str]) -> None:
+        """Unload ``key`` here: the ``model_unload_fn`` hook, then the memory back to the system."""
+        entry = self._store.entry(key)
+        if not self._store.unload(key):
+            return
+        with self._lock:
+            self._costs.pop(key, None)
+            self._used.pop(key, None)
+        if key[0] == "api":
+            self.registry.drop_cost(key[1])
+        if entry is not None and entry.loaded:
+            try:
+                self.pipeline.pm.hook.model_unload_fn(model=entry.model)
+            except Exception:
+                logger.exception("model_unload_fn raised while unloading %r", key[1])
+            entry.model = None
+        del entry
+        _give_memory_back()
+
+    # -- keeping up with other workers ---------------------------------------------------------------------------
+    def start_watching(self) -> None:
+        """Unload, within :data:`WATCH_INTERVAL` s, the models another worker unregistered."""
+        if self._watcher is None:
+            self._watcher = threading.Thread(target=self._watch, name="multi-model-watch", daemon=True)
+            self._watcher.start()
+
+    def _watch(self) -> None:
+        while True:
+            time.sleep(WATCH_INTERVAL)
+            with contextlib.suppress(Exception):
+                self.sync()
+
+    def sync(self) -> None:
+        """Drop the models held here that are no longer registered."""
+        version = self.registry.version()
+        if version == self._version:
+            return
+        self._version = version
+        registered = {model.name for model in self.registry.all()}
+        for key in list(self._costs):
+            if key[0] == "api" and key[1] not in registered:
+                logger.info("Multi-model: %r was unloaded through another worker; unloading it here", key[1])
+                self._drop(key)

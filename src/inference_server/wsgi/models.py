@@ -1,0 +1,101 @@
+"""SageMaker's model management API for multi-model endpoints (``serve --multi-model``), as its developer guide's
+"Custom Containers Contract for Multi-Model Endpoints" (mms-container-apis) defines it:
+
+- ``POST /models`` ``{"model_name", "url"}``: load; 200, 409 if loaded, 404 for a missing directory, 507 when it does
+  not fit (SageMaker then unloads others);
+- ``GET /models`` (``next_page_token``, ``page_size``): ``{"models": [{"modelName", "modelUrl"}], "nextPageToken"?}``;
+- ``GET /models/{name}``, ``DELETE /models/{name}``: one entry, unload; 404 if not loaded;
+- ``POST /models/{name}/invoke``: the hooks with that model, as ``/invocations``.
+
+Each entry also says what the model costs each worker (``rssBytesByWorker``); see :mod:`inference_server._multimodel`.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from inference_server.errors import BadRequest
+from inference_server.wsgi._body import read_body
+from inference_server.wsgi._invoke import MODEL, Target
+from inference_server.wsgi._replies import Reply, Request, json_reply
+
+if TYPE_CHECKING:
+    from inference_server._multimodel import MultiModel
+    from inference_server.wsgi._app import App
+
+logger = logging.getLogger("inference_server")
+
+#: The largest ``POST /models`` body read.
+_MAX_LOAD_BODY = 1 << 16
+
+
+def register(app: App) -> None:
+    """Add the model management API to ``app`` when it serves several models."""
+    models = app.multi_model
+    if models is None or not app.settings.multi_model:
+        return
+    handlers = _Handlers(app, models)
+    app.route("/models", handlers.listing)
+    app.route("/models", handlers.load, "POST")
+    app.route("/models/{name}", handlers.describe)
+    app.route("/models/{name}", handlers.unload, "DELETE")
+    app.route("/models/{name}/invoke", handlers.invoke, "POST")
+
+
+class _Handlers:
+    def __init__(self, app: App, models: MultiModel) -> None:
+        self.app = app
+        self.models = models
+        self._targets: dict[str, Target] = {}
+
+    def load(self, request: Request) -> Reply:
+        body = read_body(request.environ, _MAX_LOAD_BODY)
+        try:
+            fields = orjson.loads(body)
+        except orjson.JSONDecodeError as exc:
+            raise BadRequest(f"the body is not JSON: {exc}") from None
+        if not isinstance(fields, dict):
+            raise BadRequest('the body must be a JSON object: {"model_name": "...", "url": "/opt/ml/models/..."}')
+        name, url = (_text(fields, field) for field in ("model_name", "url"))
+        self.models.load(name, url)
+        return json_reply(200, {"status": f"Model {name!r} loaded"})
+
+    def listing(self, request: Request) -> Reply:
+        arguments = _query(request.environ)
+        return json_reply(200, self.models.listing(arguments.get("next_page_token"), arguments.get("page_size")))
+
+    def describe(self, request: Request) -> Reply:
+        return json_reply(200, self.models.describe(request.params["name"]))
+
+    def unload(self, request: Request) -> Reply:
+        name = request.params["name"]
+        self.models.unload(name)
+        self._targets.pop(name, None)
+        return json_reply(200, {"status": f"Model {name!r} unloaded"})
+
+    def invoke(self, request: Request) -> Reply:
+        name = request.params["name"]
+        request.environ[MODEL] = name
+        target = self._targets.get(name)
+        if target is None:  # the model loads within the request's deadline, in the lifecycle
+            target = Target(self.app.pipeline, functools.partial(self.models.model, name))
+            if len(self._targets) < 10_000:
+                self._targets[name] = target
+        return self.app.lifecycle.invoke(request, target)
+
+
+def _text(fields: dict[str, Any], field: str) -> str:
+    value = fields.get(field)
+    if not isinstance(value, str) or not value:
+        raise BadRequest(f"{field} must be a non-empty string, not {value!r}")
+    return value
+
+
+def _query(environ: Any) -> dict[str, str]:
+    from urllib.parse import parse_qsl
+
+    return dict(parse_qsl(environ.get("QUERY_STRING", ""), keep_blank_values=True))

@@ -1,0 +1,258 @@
+"""Multi-model endpoints on real servers with two workers: SageMaker's /models API, loads seen by every worker,
+unloads that give memory back, 409/404/507, pagination, --model-root with TargetModel (directories and tarballs,
+through boto3), least-recently-used eviction, and the metrics' bounded model label."""
+
+from __future__ import annotations
+
+import io
+import os
+import tarfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import boto3
+import botocore.exceptions
+import orjson
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.conftest import local_aws_env
+
+MODEL = """
+    import os
+
+    import numpy as np
+
+    import inference_server
+
+    @inference_server.plugin_hook
+    def model_fn(model_dir):
+        size = int(open(os.path.join(model_dir, "size_mb")).read())
+        weights = np.ones(size << 17)  # size MB of float64, every page touched
+        return {"name": os.path.basename(model_dir.rstrip("/")), "dir": model_dir, "weights": weights}
+
+    @inference_server.plugin_hook
+    def predict_fn(data, model):
+        return {"model": model["name"], "pid": os.getpid(), "input": data}
+
+    @inference_server.plugin_hook
+    def model_unload_fn(model):
+        open(os.path.join(model["dir"], f"unloaded-{os.getpid()}"), "w").close()
+"""
+
+JSON = {"Content-Type": "application/json"}
+
+
+def model_dir(root: Path, name: str, size_mb: int = 1) -> Path:
+    """A model directory whose model_fn allocates ``size_mb`` MB."""
+    path = root / name
+    path.mkdir(parents=True)
+    (path / "size_mb").write_text(str(size_mb))
+    return path
+
+
+def load(server: Any, name: str, url: Path | str) -> Any:
+    return server.request("POST", "/models", orjson.dumps({"model_name": name, "url": str(url)}), JSON)
+
+
+def invoke(server: Any, name: str) -> Any:
+    return server.request("POST", f"/models/{name}/invoke", b"[1, 2]", JSON)
+
+
+def rss(pid: int) -> int:
+    """Resident memory of process ``pid``, in bytes."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmRSS for {pid}")
+
+
+@pytest.fixture
+def server(servers: Any, plugin_site: Any) -> Any:
+    """A multi-model server with two workers, its model allocating what its directory says."""
+    plugin_site.add("mm_model", MODEL)
+    return servers.start("--multi-model", "--workers", "2", plugins=["mm_model"])
+
+
+def test_ping_answers_with_no_model_loaded_and_the_api_answers_as_sagemaker_says(server: Any, tmp_path: Path) -> None:
+    """/ping is 200 before any load; a load is 200, a second load of the name 409, a missing directory 404, a bad
+    body 400; GET /models/{name} shows the entry and what it cost; an unknown name is 404 everywhere."""
+    assert server.request("GET", "/ping").status == 200
+    assert server.request("GET", "/models").json() == {"models": []}
+    a = model_dir(tmp_path, "a")
+    assert load(server, "a", a).status == 200
+    conflict = load(server, "a", a)
+    assert conflict.status == 409
+    assert "loaded already" in conflict.json()["message"]
+    assert load(server, "b", tmp_path / "missing").status == 404
+    for body in (b"{not json", b"[]", b'{"model_name": "c"}', b'{"model_name": 3, "url": "/x"}'):
+        reply = server.request("POST", "/models", body, JSON)
+        assert reply.status == 400, body
+    entry = server.request("GET", "/models/a").json()
+    assert (entry["modelName"], entry["modelUrl"]) == ("a", str(a))
+    assert all(cost > 0 for cost in entry["rssBytesByWorker"].values())
+    for method, path in (("GET", "/models/zz"), ("DELETE", "/models/zz"), ("POST", "/models/zz/invoke")):
+        assert server.request(method, path, b"[1]" if method == "POST" else None, JSON).status == 404
+
+
+def test_a_model_loaded_through_one_worker_is_served_by_every_worker_and_never_404(server: Any, tmp_path: Path) -> None:
+    """After a load, 200 invocations from 8 threads over new connections (spread over both workers) all succeed,
+    and both workers answer."""
+    for name in ("a", "b"):
+        assert load(server, name, model_dir(tmp_path, name)).status == 200
+    with ThreadPoolExecutor(8) as pool:
+        replies = list(pool.map(lambda i: invoke(server, "ab"[i % 2]), range(200)))
+    assert [reply.status for reply in replies] == [200] * 200
+    assert {reply.json()["model"] for reply in replies} == {"a", "b"}
+    assert len({reply.json()["pid"] for reply in replies}) == 2
+
+
+def test_listing_pages_through_every_model_by_name(server: Any, tmp_path: Path) -> None:
+    """GET /models with page_size pages through all models in name order with nextPageToken; a bad token or size
+    is 400."""
+    names = [f"model-{i:02d}" for i in range(7)]
+    for name in names:
+        assert load(server, name, model_dir(tmp_path, name)).status == 200
+    seen, token, pages = [], None, 0
+    while True:
+        query = "page_size=3" + (f"&next_page_token={token}" if token else "")
+        page = server.request("GET", f"/models?{query}").json()
+        seen += [model["modelName"] for model in page["models"]]
+        pages += 1
+        token = page.get("nextPageToken")
+        if token is None:
+            break
+    assert (seen, pages) == (names, 3)
+    assert server.request("GET", "/models?page_size=0").status == 400
+    assert server.request("GET", "/models?next_page_token=%25%25").status == 400
+
+
+def test_unloading_releases_the_model_in_every_worker_and_gives_the_memory_back(server: Any, tmp_path: Path) -> None:
+    """Three 64 MB models, used by both workers, then unloaded: model_unload_fn runs in each worker, the names are
+    404, and each worker's resident memory comes back within 10% of the empty server's (measured once a small
+    model was loaded, used by both workers and unloaded: what serving itself takes)."""
+    workers = sorted(server.workers())
+    assert load(server, "warm-up", model_dir(tmp_path, "warm-up")).status == 200
+    with ThreadPoolExecutor(4) as pool:
+        assert {reply.status for reply in pool.map(lambda i: invoke(server, "warm-up"), range(40))} == {200}
+    assert server.request("DELETE", "/models/warm-up").status == 200
+    time.sleep(0.5)
+    baseline = {pid: rss(pid) for pid in workers}
+    names = ["a", "b", "c"]
+    for name in names:
+        assert load(server, name, model_dir(tmp_path, name, 64)).status == 200
+    with ThreadPoolExecutor(4) as pool:
+        replies = list(pool.map(lambda i: invoke(server, names[i % 3]), range(60)))
+    assert {reply.json()["pid"] for reply in replies} == set(workers)
+    loaded = {pid: rss(pid) for pid in workers}
+    assert all(loaded[pid] - baseline[pid] > 150 << 20 for pid in workers), (baseline, loaded)
+    for name in names:
+        assert server.request("DELETE", f"/models/{name}").status == 200
+        assert invoke(server, name).status == 404
+    deadline = time.monotonic() + 10
+    while any(rss(pid) > baseline[pid] * 1.1 for pid in workers):
+        assert time.monotonic() < deadline, ({pid: rss(pid) for pid in workers}, baseline)
+        time.sleep(0.1)
+    for name in names:
+        assert {path.name for path in (tmp_path / name).glob("unloaded-*")} == {f"unloaded-{pid}" for pid in workers}
+
+
+def test_past_max_models_or_the_memory_budget_a_load_is_507(servers: Any, plugin_site: Any, tmp_path: Path) -> None:
+    """--max-models 2: the third load is 507 until one is unloaded; --max-model-memory 100: a 64 MB model loads, a
+    second does not (507), and the worker keeps serving the first."""
+    plugin_site.add("mm_model", MODEL)
+    counted = servers.start("--multi-model", "--workers", "2", "--max-models", "2", plugins=["mm_model"])
+    for name in ("a", "b"):
+        assert load(counted, name, model_dir(tmp_path / "counted", name)).status == 200
+    full = load(counted, "c", model_dir(tmp_path / "counted", "c"))
+    assert full.status == 507
+    assert "--max-models" in full.json()["message"]
+    assert counted.request("DELETE", "/models/a").status == 200
+    assert load(counted, "c", tmp_path / "counted" / "c").status == 200
+    budget = servers.start("--multi-model", "--workers", "1", "--max-model-memory", "100", plugins=["mm_model"])
+    assert load(budget, "big", model_dir(tmp_path / "budget", "big", 64)).status == 200
+    over = load(budget, "bigger", model_dir(tmp_path / "budget", "bigger", 64))
+    assert over.status == 507
+    assert "--max-model-memory" in over.json()["message"]
+    assert invoke(budget, "big").status == 200
+    assert invoke(budget, "bigger").status == 404
+
+
+def _tarball(path: Path, members: dict[str, bytes], links: dict[str, str] | None = None) -> Path:
+    with tarfile.open(path, "w:gz") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        for name, target in (links or {}).items():
+            info = tarfile.TarInfo(name)
+            info.type, info.linkname = tarfile.SYMTYPE, target
+            tar.addfile(info)
+    return path
+
+
+def test_boto3_target_model_is_served_from_the_model_root_lazily_and_least_recently_used_is_evicted(
+    servers: Any, plugin_site: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """boto3's invoke_endpoint(TargetModel=...) reaches DIR/<target>, a directory or a .tar.gz unpacked safely;
+    with --max-models 2 a third model unloads the least recently used; a tarball holding ../ or a link out is
+    refused (ModelError) and writes nothing outside; a target outside the root is refused."""
+    plugin_site.add("mm_model", MODEL)
+    root = tmp_path / "root"
+    model_dir(root, "plain")
+    model_dir(root, "third")
+    _tarball(root / "packed.tar.gz", {"size_mb": b"1"})
+    _tarball(root / "escape.tar.gz", {"size_mb": b"1", "../escaped": b"x"})
+    _tarball(root / "link.tar.gz", {"size_mb": b"1"}, {"out": "/etc/passwd"})
+    server = servers.start("--model-root", str(root), "--max-models", "2", "--workers", "1", plugins=["mm_model"])
+    for name, value in local_aws_env(f"http://127.0.0.1:{server.port}").items():
+        monkeypatch.setenv(name, value)
+    runtime = boto3.client("sagemaker-runtime")
+
+    def call(target: str) -> Any:
+        answer = runtime.invoke_endpoint(
+            EndpointName="mme", TargetModel=target, Body=b"[1]", ContentType="application/json"
+        )
+        return orjson.loads(answer["Body"].read())
+
+    assert call("plain")["model"] == "plain"
+    assert call("packed.tar.gz")["input"] == [1]
+    assert call("plain")["model"] == "plain"  # plain is now the most recently used
+    assert call("third")["model"] == "third"  # over --max-models 2: packed.tar.gz, the least recent, goes
+    assert not (root / "plain" / f"unloaded-{min(server.workers())}").exists()
+    assert server.output().count("unloading 'packed.tar.gz', the least recently used") == 1
+    for hostile in ("escape.tar.gz", "link.tar.gz", "../root/plain", "/etc"):
+        with pytest.raises(botocore.exceptions.ClientError) as raised:
+            call(hostile)
+        assert raised.value.response["Error"]["Code"] in ("ModelError", "ValidationError"), hostile
+    assert not (tmp_path / "escaped").exists()
+    assert call("plain")["model"] == "plain"  # still serving
+
+
+def test_a_target_model_without_a_model_root_is_a_clear_400(servers: Any) -> None:
+    """A single-model server asked for a TargetModel answers 400 saying how to serve one."""
+    server = servers.start(plugins=[])
+    reply = server.request(
+        "POST", "/endpoints/x/invocations", b"[1]", {**JSON, "X-Amzn-SageMaker-Target-Model": "a.tar.gz"}
+    )
+    assert reply.status == 400
+    assert "--model-root" in reply.json()["message"]
+
+
+def test_the_model_label_of_the_metrics_is_bounded(servers: Any, plugin_site: Any, tmp_path: Path) -> None:
+    """--metrics-max-models 2: invocations of three models are counted under two names and other."""
+    plugin_site.add("mm_model", MODEL)
+    server = servers.start("--multi-model", "--workers", "1", "--metrics-max-models", "2", plugins=["mm_model"])
+    for name in ("a", "b", "c"):
+        assert load(server, name, model_dir(tmp_path, name)).status == 200
+        assert invoke(server, name).status == 200
+    time.sleep(0.3)
+    labels = set()
+    for family in text_string_to_metric_families(server.request("GET", "/metrics").body.decode()):
+        for sample in family.samples:
+            if sample.name == "inference_server_requests_total" and sample.labels["route"].endswith("/invoke"):
+                labels.add(sample.labels["model"])
+    assert labels == {"a", "b", "other"}
+    assert os.environ.get("SAGEMAKER_MULTI_MODEL") is None
