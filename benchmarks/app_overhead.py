@@ -108,7 +108,7 @@ def ours(**settings: Any) -> App:
 
 def main() -> None:
     # the access log as serve writes it (JSON lines), to /dev/null: its cost, not the terminal's
-    _logging.configure(logging.INFO, "json", stream=open(os.devnull, "w"))  # noqa: SIM115
+    _logging.configure(logging.INFO, "json", stream=open(os.devnull, "w"), background=True)  # noqa: SIM115
     apps: dict[str, WSGIApp] = {
         "ours": ours(),  # type: ignore[dict-item]
         "ours --no-metrics": ours(metrics=False),  # type: ignore[dict-item]

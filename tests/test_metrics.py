@@ -154,7 +154,7 @@ def test_requests_are_counted_by_route_pattern_method_and_status(app: App) -> No
     assert added("inference_server_request_body_bytes_sum", route="/invocations") == 8 + 9 + 14
     assert added("inference_server_response_body_bytes_count", route="/invocations") == 3
     assert added("inference_server_stage_duration_seconds_count", stage="predict") == 2  # the 500 failed in it
-    assert total(after, "inference_server_requests_in_flight") == 0
+    assert added("inference_server_requests_in_flight") == 0
 
 
 def test_unknown_paths_count_as_route_other_and_cannot_grow_the_labels(app: App) -> None:
@@ -185,11 +185,12 @@ def test_in_flight_counts_a_request_until_its_body_is_closed(app: App) -> None:
         "CONTENT_LENGTH": "2",
         "wsgi.input": io.BytesIO(b"[]"),
     }
+    before = total(scrape(app), "inference_server_requests_in_flight")  # this process's other tests' leftovers
     body = app(environ, lambda status, headers, exc_info=None: None)
     assert isinstance(body, Body)
-    assert total(scrape(app), "inference_server_requests_in_flight") == 1
+    assert total(scrape(app), "inference_server_requests_in_flight") == before + 1
     body.close()
-    assert total(scrape(app), "inference_server_requests_in_flight") == 0
+    assert total(scrape(app), "inference_server_requests_in_flight") == before
 
 
 def test_no_metrics_means_no_route_and_nothing_counted(only_plugin: Callable[[Any], Any]) -> None:

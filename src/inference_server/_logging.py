@@ -12,12 +12,12 @@ caller's frame, and the JSON formatter writes with orjson and keeps each second'
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import contextvars
 import logging
 import multiprocessing.util
 import os
-import queue
 import sys
 import threading
 import time
@@ -191,19 +191,20 @@ class Handler(logging.StreamHandler):  # type: ignore[type-arg]
     only one on the way (no record made).
     """
 
-    #: Lines written in one call, at most.
-    BATCH = 1024
-
-    def __init__(self, stream: IO[str] | None = None) -> None:
+    def __init__(self, stream: IO[str] | None = None, background: bool = True) -> None:
         super().__init__(stream)
-        self._lines: queue.SimpleQueue[str] = queue.SimpleQueue()
+        #: Hand lines to the writer thread (``serve``); False: write each before returning (the other commands).
+        self.background = background
+        self._lines: collections.deque[str] = collections.deque()
+        self._wake = threading.Event()
         self._writer_pid = 0
         self._start_lock = threading.Lock()
         os.register_at_fork(after_in_child=self._forget)
 
     def _forget(self) -> None:
         """In a forked child: the parent writes what it queued; this process starts its own writer."""
-        self._lines = queue.SimpleQueue()
+        self._lines = collections.deque()
+        self._wake = threading.Event()
         self._writer_pid = 0
         self._start_lock = threading.Lock()
 
@@ -216,14 +217,18 @@ class Handler(logging.StreamHandler):  # type: ignore[type-arg]
             self.handleError(record)
             return
         self.put(line)
-        if record.levelno >= logging.WARNING:
+        if record.levelno >= logging.WARNING or not self.background:
             self.flush()
 
     def put(self, line: str) -> None:
         """Queue ``line`` for the writer thread."""
-        self._lines.put(line + self.terminator)
+        self._lines.append(line + self.terminator)
+        if not self.background:
+            self.flush()
+            return
         if self._writer_pid != os.getpid():
             self._start_writer()
+        self._wake.set()
 
     def _start_writer(self) -> None:
         with self._start_lock:
@@ -234,33 +239,27 @@ class Handler(logging.StreamHandler):  # type: ignore[type-arg]
             multiprocessing.util.Finalize(self, self.flush, exitpriority=0)  # forked workers leave by os._exit
 
     def _write_forever(self) -> None:
-        lines = self._lines
         while True:
-            batch = [lines.get()]
-            with contextlib.suppress(queue.Empty):
-                while len(batch) < self.BATCH:
-                    batch.append(lines.get_nowait())
-            self._write(batch)
-
-    def _write(self, batch: list[str]) -> None:
-        with self.lock:  # type: ignore[union-attr]
-            try:
-                self.stream.write("".join(batch))
-                self.stream.flush()
-            except Exception as exc:  # a closed or full stream: say so on stderr, as logging does, and go on
-                if logging.raiseExceptions:
-                    sys.stderr.write(f"--- Logging error: {exc!r}\n")
+            self._wake.wait()
+            self._wake.clear()
+            self.flush()
 
     def flush(self) -> None:
-        """Write every queued line now."""
-        batch = []
-        with contextlib.suppress(queue.Empty):
-            while True:
-                batch.append(self._lines.get_nowait())
-        if batch:
-            self._write(batch)
-        else:
-            super().flush()
+        """Write every queued line now (lines are taken from the queue only with the lock held, so that whoever
+        flushes writes them in order, and none is still on its way when this returns)."""
+        with self.lock:  # type: ignore[union-attr]
+            lines = self._lines
+            if not lines:
+                with contextlib.suppress(Exception):
+                    self.stream.flush()
+                return
+            batch = "".join([lines.popleft() for _ in range(len(lines))])
+            try:
+                self.stream.write(batch)
+                self.stream.flush()
+            except Exception as exc:  # a closed or full stream: say so on stderr, as logging does, and go on
+                if logging.raiseExceptions and sys.stderr is not None and sys.stderr is not self.stream:
+                    sys.stderr.write(f"--- Logging error: {exc!r}\n")
 
 
 def flush() -> None:
@@ -292,13 +291,13 @@ def formatter(fmt: str) -> logging.Formatter:
     return FORMATTERS[fmt]()
 
 
-def configure(level: int, fmt: str = "text", stream: IO[str] | None = None) -> None:
+def configure(level: int, fmt: str = "text", stream: IO[str] | None = None, background: bool = False) -> None:
     """Log every line (ours, the model's) in ``fmt`` on ``stream`` (stderr) at ``level``, unless logging is configured
-    already.
+    already; ``background``: through the writer thread (:class:`Handler`), as ``serve`` does.
 
     With ``json``, Python's warnings are logged too (logger ``py.warnings``): stderr then holds JSON lines only.
     """
-    handler = Handler(sys.stderr if stream is None else stream)
+    handler = Handler(sys.stderr if stream is None else stream, background)
     handler.setFormatter(formatter(fmt))
     logging.basicConfig(level=level, handlers=[handler])
     if fmt == "json":

@@ -152,7 +152,7 @@ def serve(settings: Settings) -> int:
 
 def _serve(settings: Settings) -> int:
     log_format = _logging.resolve_format(settings.log_format)
-    _logging.configure(settings.log_level_number, log_format)
+    _logging.configure(settings.log_level_number, log_format, background=True)
     os.environ["INFERENCE_SERVER_LOG_FORMAT"] = log_format  # workers write what was resolved here
     chosen_hooks = "default_hooks" in settings.given or DEFAULT_HOOKS_ENV in os.environ
     os.environ.update(settings.environ())  # worker processes, create_app() and warmup() in user code agree
