@@ -1,5 +1,6 @@
-"""The example's image from container/Dockerfile, built and run with podman as SageMaker runs it: ``IMAGE serve``, the
-model mounted read-only, ``SAGEMAKER_BIND_TO_PORT`` honoured, SIGTERM drained by inference-server as PID 1."""
+"""The examples' images from container/Dockerfile, built and run with podman as SageMaker runs them: ``IMAGE serve``,
+the model mounted read-only, ``SAGEMAKER_BIND_TO_PORT`` honoured, SIGTERM drained by inference-server as PID 1; and a
+multi-model image (``MULTI_MODEL=true``) serving SageMaker's /models API with its models under /opt/ml/models."""
 
 from __future__ import annotations
 
@@ -24,6 +25,9 @@ ROOT = Path(__file__).resolve().parent.parent
 #: The local base image: Debian's Python from the machine's own Debian mirror, kept between runs on one machine.
 BASE = "localhost/inference-server-test-base:bookworm"
 IMAGE = "localhost/inference-server-test:forecast"
+MULTI_MODEL_IMAGE = "localhost/inference-server-test:multi-model"
+#: SageMaker's label for an image that may serve a multi-model endpoint.
+MULTI_MODEL_LABEL = "com.amazonaws.sagemaker.capabilities.multi-models"
 #: The seed example's request and answer.
 REQUEST = b'{"location": "Fair Isle"}'
 FORECAST = {
@@ -32,6 +36,7 @@ FORECAST = {
     "weather": "Thundery showers.",
     "visibility": "Good, occasionally poor.",
 }
+JSON = {"Content-Type": "application/json"}
 #: The CA bundle pip trusts on this machine, lent to the build read-only (pip in the image must reach the index).
 CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 #: runc, since crun fails on this kernel's cgroup layout; limits within the machine's hard limits.
@@ -68,14 +73,30 @@ def base() -> str:
     return BASE
 
 
+def build(base: str, plugin: str, tag: str, *args: str) -> str:
+    """Build ``plugin``'s image from this checkout as the Dockerfile's header says, tagged ``tag``."""
+    mounts = ["-v", f"{CA_BUNDLE}:{CA_BUNDLE}:ro"] if CA_BUNDLE.exists() else []
+    args = ("--build-arg", f"BASE={base}", "--build-arg", f"PLUGIN={plugin}", *args)
+    podman("build", "-q", "-f", "container/Dockerfile", *args, "--build-arg", "INFERENCE_SERVER=.", *mounts,
+           "-t", tag, str(ROOT), timeout=900)  # fmt: skip
+    return tag
+
+
 @pytest.fixture(scope="module")
 def image(base: str) -> str:
-    """The shipping forecast's image, built from this checkout as the Dockerfile's header says."""
-    mounts = ["-v", f"{CA_BUNDLE}:{CA_BUNDLE}:ro"] if CA_BUNDLE.exists() else []
-    args = ["--build-arg", f"BASE={base}", "--build-arg", "PLUGIN=examples/shipping_forecast"]
-    podman("build", "-q", "-f", "container/Dockerfile", *args, "--build-arg", "INFERENCE_SERVER=.", *mounts,
-           "-t", IMAGE, str(ROOT), timeout=900)  # fmt: skip
-    return IMAGE
+    """The shipping forecast's image."""
+    return build(base, "examples/shipping_forecast", IMAGE)
+
+
+@pytest.fixture(scope="module")
+def multi_model_image(base: str) -> str:
+    """The multi-model example's image, labelled for multi-model endpoints by its build argument."""
+    return build(base, "examples/multi_model", MULTI_MODEL_IMAGE, "--build-arg", "MULTI_MODEL=true")
+
+
+def labels(image: str) -> dict[str, str]:
+    """The image's labels."""
+    return dict(orjson.loads(podman("image", "inspect", "--format", "{{json .Labels}}", image).stdout))
 
 
 class Container:
@@ -171,4 +192,45 @@ def test_the_image_runs_as_a_user_without_privileges_on_a_read_only_root(image: 
     container.wait_ready()
     status, body = container.request("POST", "/invocations", REQUEST, {"Content-Type": "application/json"})
     assert (status, orjson.loads(body)) == (200, FORECAST)
+    assert container.stop() == 0
+
+
+def test_an_image_built_without_multi_model_is_not_labelled_for_it(image: str) -> None:
+    """MULTI_MODEL defaults to false: SageMaker would not accept the image for a multi-model endpoint."""
+    assert labels(image)[MULTI_MODEL_LABEL] == "false"
+
+
+def test_the_multi_model_image_serves_sagemakers_model_api(
+    multi_model_image: str, containers: Any, tmp_path: Path
+) -> None:
+    """Built with ``MULTI_MODEL=true`` the image carries SageMaker's multi-model label; run as SageMaker runs it
+    (``SAGEMAKER_MULTI_MODEL=true``, models read-only under /opt/ml/models) it answers /ping with no model loaded,
+    loads two models by their directories, invokes each, lists them, answers 404 for an unloaded one, and drains."""
+    assert labels(multi_model_image)[MULTI_MODEL_LABEL] == "true"
+    models = tmp_path / "models"
+    scores = {"fraud": [4.75], "churn": [3.0]}  # each model's score of the row [1, 2, 3]
+    for name, coef, intercept in (("fraud", [0.5, -1.0, 2.0], 0.25), ("churn", [1.0, 1.0, 1.0], -3.0)):
+        (models / name).mkdir(parents=True)
+        (models / name / "model.json").write_bytes(orjson.dumps({"coef": coef, "intercept": intercept}))
+    mount = ["-v", f"{models}:/opt/ml/models:ro"]
+    container = containers(multi_model_image, "-e", "SAGEMAKER_MULTI_MODEL=true", *mount)
+    container.wait_ready()
+    assert container.request("GET", "/ping") == (200, b"")
+    status, body = container.request("GET", "/models")
+    assert (status, orjson.loads(body)) == (200, {"models": []})
+    for name in scores:
+        load = orjson.dumps({"model_name": name, "url": f"/opt/ml/models/{name}"})
+        status, body = container.request("POST", "/models", load, JSON)
+        assert status == 200, body
+    for name, score in scores.items():
+        status, body = container.request("POST", f"/models/{name}/invoke", b"[[1, 2, 3]]", JSON)
+        assert (status, orjson.loads(body)) == (200, score)
+    status, body = container.request("GET", "/models")
+    listed = [(model["modelName"], model["modelUrl"]) for model in orjson.loads(body)["models"]]
+    assert (status, listed) == (200, [("churn", "/opt/ml/models/churn"), ("fraud", "/opt/ml/models/fraud")])
+    assert container.request("DELETE", "/models/fraud")[0] == 200
+    assert container.request("POST", "/models/fraud/invoke", b"[[1, 2, 3]]", JSON)[0] == 404
+    assert container.request("GET", "/models/fraud")[0] == 404
+    status, body = container.request("POST", "/models/churn/invoke", b"[[1, 2, 3]]", JSON)
+    assert (status, orjson.loads(body)) == (200, scores["churn"])
     assert container.stop() == 0

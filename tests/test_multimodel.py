@@ -252,7 +252,7 @@ def test_the_model_label_of_the_metrics_is_bounded(servers: Any, plugin_site: An
     labels = set()
     for family in text_string_to_metric_families(server.request("GET", "/metrics").body.decode()):
         for sample in family.samples:
-            if sample.name == "inference_server_requests_total" and sample.labels["route"].endswith("/invoke"):
+            if sample.name == "inference_server_model_requests_total":
                 labels.add(sample.labels["model"])
     assert labels == {"a", "b", "other"}
     assert os.environ.get("SAGEMAKER_MULTI_MODEL") is None

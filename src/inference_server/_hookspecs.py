@@ -49,11 +49,6 @@ class HookSpecs:
         """
         raise NotImplementedError
 
-    @hookspec
-    def model_unload_fn(self, model: Any) -> None:
-        """Release what ``model`` holds beyond Python's memory (GPU memory, files, threads) when a multi-model endpoint
-        unloads it; every implementation runs. New in 2.0."""
-
     @hookspec(firstresult=True)
     def ping_fn(self, model: Any) -> bool:
         """Return whether the model is healthy; ``False`` makes ``/ping`` answer 503."""
@@ -86,6 +81,11 @@ class HookSpecs:
         prediction per input, in the same order; ``None`` leaves the group to the built-in batching (arrays
         concatenated, anything else one by one)."""
         raise NotImplementedError
+
+    @hookspec
+    def model_unload_fn(self, model: Any) -> None:
+        """Release what ``model`` holds beyond Python's memory (GPU memory, files, threads) when a multi-model endpoint
+        unloads it; every implementation runs. New in 2.0."""
 
 
 HOOK_NAMES = tuple(name for name in vars(HookSpecs) if not name.startswith("_"))

@@ -104,6 +104,11 @@ def output_fn(prediction: Any, accept: MIMEAccept) -> tuple[Any, str]:
 
 
 @plugin_hook(trylast=True)
+def model_unload_fn(model: Any) -> None:
+    """Nothing: the model is dropped, and Python frees what it holds once nothing else does."""
+
+
+@plugin_hook(trylast=True)
 def ping_fn(model: Any) -> bool:
     """Healthy once the model is loaded."""
     return True

@@ -211,17 +211,19 @@ class Recorder:
         (:attr:`arrived`), scrapes excepted."""
         records, ended = zip(*requests, strict=True)
         routes, methods, statuses, started, received, sent, models = zip(*records, strict=True)
-        counts = collections.Counter(zip(routes, methods, statuses, models, strict=True))
-        for (route, method, status, model), count in counts.items():
-            method = method if method in METHODS else OTHER
-            families.requests_total.labels(route, method, str(status), self._model_label(model)).inc(count)
+        counts = collections.Counter(zip(routes, methods, statuses, strict=True))
+        for (route, method, status), count in counts.items():
+            families.requests_total.labels(route, method if method in METHODS else OTHER, str(status)).inc(count)
         if any(models):
             by_model: dict[tuple[str, str], list[float]] = {}
-            for route, model, seconds in zip(routes, models, np.subtract(ended, started).tolist(), strict=True):
+            durations = np.subtract(ended, started).tolist()
+            for route, model, status, seconds in zip(routes, models, statuses, durations, strict=True):
                 if model:
-                    by_model.setdefault((route, self._model_label(model)), []).append(seconds)
-            for (route, model), durations in by_model.items():
-                _add(families.model_duration.labels(route, model), _Histogram.of(DURATION_BUCKETS, durations))
+                    label = self._model_label(model)
+                    families.model_requests_total.labels(route, label, str(status)).inc()
+                    by_model.setdefault((route, label), []).append(seconds)
+            for (route, model), seconds in by_model.items():
+                _add(families.model_duration.labels(route, model), _Histogram.of(DURATION_BUCKETS, seconds))
         names: dict[str, int] = {}
         groups = None
         if len(set(routes)) > 1:
@@ -272,9 +274,15 @@ class _Families:
 
         self.requests_total = Counter(
             PREFIX + "requests_total",
-            "Requests answered, by route pattern (other: no route matched), method, status and model (multi-model "
-            "endpoints: at most --metrics-max-models names per worker, then other)",
-            ("route", "method", "status", "model"),
+            "Requests answered, by route pattern (other: no route matched), method and status",
+            ("route", "method", "status"),
+            registry=registry,
+        )
+        self.model_requests_total = Counter(
+            PREFIX + "model_requests_total",
+            "Requests that invoked a model of a multi-model endpoint, by route pattern, model (at most "
+            "--metrics-max-models names per worker, then other) and status",
+            ("route", "model", "status"),
             registry=registry,
         )
         self.model_duration = histogram(
