@@ -256,3 +256,22 @@ def test_the_model_label_of_the_metrics_is_bounded(servers: Any, plugin_site: An
                 labels.add(sample.labels["model"])
     assert labels == {"a", "b", "other"}
     assert os.environ.get("SAGEMAKER_MULTI_MODEL") is None
+
+
+def test_the_access_line_names_the_model_and_the_target_model_header(server: Any, tmp_path: Path) -> None:
+    """An invocation's JSON access line carries the model's name and SageMaker's original TargetModel header."""
+    assert load(server, "a", model_dir(tmp_path, "a")).status == 200
+    headers = {**JSON, "X-Amzn-SageMaker-Target-Model": "team/a.tar.gz", "X-Request-Id": "mme-1"}
+    assert server.request("POST", "/models/a/invoke", b"[1]", headers).status == 200
+    deadline = time.monotonic() + 5
+    while True:
+        lines = [orjson.loads(line) for line in server.output().splitlines() if line.startswith("{")]
+        found = [line for line in lines if line.get("request_id") == "mme-1" and line["logger"].endswith("access")]
+        if found or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert (found[0]["model"], found[0]["target_model"], found[0]["route"]) == (
+        "a",
+        "team/a.tar.gz",
+        "/models/{name}/invoke",
+    )

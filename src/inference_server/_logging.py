@@ -353,9 +353,11 @@ def access(
     inference_id: str | None,
     quiet: bool,
     model: str = "",
+    target_model: str | None = None,
 ) -> None:
     """The access-log line of one request (at debug level when ``quiet``); ``model``: the model of a multi-model
-    endpoint it invoked (by name, or by SageMaker Runtime's ``TargetModel``)."""
+    endpoint it invoked (by name, or by SageMaker Runtime's ``TargetModel``); ``target_model``: the request's
+    ``X-Amzn-SageMaker-Target-Model`` header."""
     level = logging.DEBUG if quiet else logging.INFO
     if not access_logger.isEnabledFor(level):
         return
@@ -371,6 +373,8 @@ def access(
     }
     if model:
         http["model"] = model
+    if target_model:  # SageMaker's original TargetModel, which a multi-model endpoint's model name need not be
+        http["target_model"] = target_model
     handler = _only_handler(level)
     if handler is not None:
         message = _ACCESS % (method, path, status, duration_ms, request_bytes, response_bytes)

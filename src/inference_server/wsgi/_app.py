@@ -22,7 +22,7 @@ from inference_server._settings import Settings
 from inference_server.errors import BadRequest, URITooLong
 from inference_server.wsgi import models, prometheus, runtime, sagemaker
 from inference_server.wsgi._body import BODY_BYTES
-from inference_server.wsgi._invoke import MODEL, Backend, Lifecycle, Target, WorkerState
+from inference_server.wsgi._invoke import MODEL, Backend, Lifecycle, Target, WorkerState, target_model
 from inference_server.wsgi._replies import STATUS_LINES, Body, Handler, Reply, Request, close, error_for
 
 if TYPE_CHECKING:
@@ -223,6 +223,7 @@ class App:
                 inference_id=environ.get(INFERENCE_ID),
                 quiet=route in QUIET_ROUTES,
                 model=model,
+                target_model=target_model(environ),
             )
         if span is not None:
             span.end(route, status, received, sent)
