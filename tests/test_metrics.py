@@ -21,7 +21,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from inference_server import _plugins, metrics, plugin_hook
 from inference_server._settings import Settings
 from inference_server.wsgi._app import App
-from inference_server.wsgi._replies import Body
 
 SLOW = """
     import time
@@ -175,21 +174,26 @@ def test_unknown_paths_count_as_route_other_and_cannot_grow_the_labels(app: App)
     assert methods <= metrics.METHODS | {"other"}
 
 
-def test_in_flight_counts_a_request_until_its_body_is_closed(app: App) -> None:
-    """A request is in flight from its arrival until the server closes its answer's body; a scrape is not."""
-    environ = {
-        "REQUEST_METHOD": "POST",
-        "PATH_INFO": "/invocations",
-        "SERVER_PROTOCOL": "HTTP/1.1",
-        "CONTENT_TYPE": "application/json",
-        "CONTENT_LENGTH": "2",
-        "wsgi.input": io.BytesIO(b"[]"),
-    }
+def test_in_flight_counts_a_request_while_the_app_handles_it(only_plugin: Callable[[Any], Any]) -> None:
+    """A request is in flight from its arrival until its answer is handed to the server; a scrape is not."""
+    entered, release = threading.Event(), threading.Event()
+
+    class Waiting:
+        @plugin_hook
+        def predict_fn(self, data: Any, model: Any) -> Any:
+            entered.set()
+            release.wait(5)
+            return data
+
+    only_plugin(Waiting())
+    app = App(Settings.from_env(timeout=0), _plugins.manager())
     before = total(scrape(app), "inference_server_requests_in_flight")  # this process's other tests' leftovers
-    body = app(environ, lambda status, headers, exc_info=None: None)
-    assert isinstance(body, Body)
-    assert total(scrape(app), "inference_server_requests_in_flight") == before + 1
-    body.close()
+    with ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(call, app, "POST", "/invocations", b"[]", JSON)
+        assert entered.wait(5)
+        assert total(scrape(app), "inference_server_requests_in_flight") == before + 1
+        release.set()
+        assert answer.result() == 200
     assert total(scrape(app), "inference_server_requests_in_flight") == before
 
 

@@ -30,6 +30,11 @@ FORMAT = "%(asctime)s [%(process)d] [%(levelname)s] %(name)s: %(message)s"
 _BACKEND_ACCESS = ".access"
 
 
+#: This process's id (``os.getpid()`` costs a system call on each line), kept current across forks.
+_PID = [os.getpid()]
+os.register_at_fork(after_in_child=lambda: _PID.__setitem__(0, os.getpid()))
+
+
 class RequestIds(NamedTuple):
     request_id: str
     inference_id: str | None
@@ -87,7 +92,7 @@ class TextFormatter(logging.Formatter):
             raise _Unusual
         msecs = int((created - int(created)) * 1000)
         record_time = self.formatTime(_Created(created, msecs))  # type: ignore[arg-type]
-        line = f"{record_time} [{os.getpid()}] [{logging.getLevelName(level)}] {access_logger.name}: {message}"
+        line = f"{record_time} [{_PID[0]}] [{logging.getLevelName(level)}] {access_logger.name}: {message}"
         return _with_ids(line, ids.request_id, ids.inference_id)
 
 
@@ -134,7 +139,7 @@ class JsonFormatter(logging.Formatter):
             "level": logging.getLevelName(level),
             "logger": access_logger.name,
             "message": message,
-            "pid": os.getpid(),
+            "pid": _PID[0],
             "request_id": ids.request_id,
         }
         if ids.inference_id:
@@ -191,6 +196,9 @@ class Handler(logging.StreamHandler):  # type: ignore[type-arg]
     only one on the way (no record made).
     """
 
+    #: Seconds the writer lets lines gather before it writes them (warnings and errors are written at once).
+    GATHER = 0.02
+
     def __init__(self, stream: IO[str] | None = None, background: bool = True) -> None:
         super().__init__(stream)
         #: Hand lines to the writer thread (``serve``); False: write each before returning (the other commands).
@@ -226,9 +234,10 @@ class Handler(logging.StreamHandler):  # type: ignore[type-arg]
         if not self.background:
             self.flush()
             return
-        if self._writer_pid != os.getpid():
+        if self._writer_pid != _PID[0]:
             self._start_writer()
-        self._wake.set()
+        if not self._wake.is_set():
+            self._wake.set()
 
     def _start_writer(self) -> None:
         with self._start_lock:
@@ -241,6 +250,7 @@ class Handler(logging.StreamHandler):  # type: ignore[type-arg]
     def _write_forever(self) -> None:
         while True:
             self._wake.wait()
+            time.sleep(self.GATHER)  # a busy server's lines go out together: one wake-up and one write per GATHER s
             self._wake.clear()
             self.flush()
 

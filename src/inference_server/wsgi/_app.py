@@ -112,7 +112,6 @@ class App:
             self.recorder.max_models = settings.metrics_max_models
         self._tracing = _tracing.create()
         self._edge = self.recorder is not None or settings.access_log or self._tracing is not None
-        self._finish_simply = self.recorder is not None and not settings.access_log and self._tracing is None
         self.routes = Routes()
         for protocol in PROTOCOLS:
             protocol.register(self)
@@ -152,8 +151,9 @@ class App:
     def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[codecs.Buffer]:
         """Answer one request; with ``bytes_only=False`` the body items are buffers (an array's own memory).
 
-        The edge: what is measured of every request (metrics, the access-log line, the trace's span) is noted here
-        and recorded by :meth:`_Exchange.finish` once the answer is sent, when the server closes its body.
+        The edge: what is measured of every request (metrics, the access-log line, the trace's span) is recorded by
+        :meth:`_finish` once the answer is handed to the server: when this returns, or, for an answer made as it is
+        sent (an iterator), when the server closes it.
         """
         started = time.perf_counter()
         request_id = environ.get("HTTP_X_REQUEST_ID", "")
@@ -184,10 +184,10 @@ class App:
                     break
             route = environ.get(ROUTE, metrics.OTHER)
             record = (route, method, status, started, environ.get(BODY_BYTES, 0), sent, environ.get(MODEL, ""))
-            body = body if isinstance(body, Body) else Body(body)
-            if self._finish_simply:
-                body.add(functools.partial(self._count, record))
-            else:
+            if body.whole if isinstance(body, Body) else type(body) in (list, tuple):
+                self._finish(record, environ, request_id, span)  # the whole answer is handed to the server now
+            else:  # an answer made as it is sent: done when the server closes it
+                body = body if isinstance(body, Body) else Body(body)
                 body.add(functools.partial(self._finish, record, environ, request_id, span))
         if method == "HEAD":
             close(body)
@@ -198,14 +198,11 @@ class App:
             return [chunk if isinstance(chunk, bytes) else bytes(chunk) for chunk in body]
         return body
 
-    def _count(self, record: tuple[Any, ...]) -> None:
-        """:meth:`_finish` when there is only counting to do (no access log, no trace): the common case, fast."""
-        self.recorder.finished((record, time.perf_counter()))  # type: ignore[union-attr]
-
     def _finish(
         self, record: tuple[Any, ...], environ: WSGIEnvironment, request_id: str, span: _tracing.RequestSpan | None
     ) -> None:
-        """A request's answer was sent (or its client went away): count it, log its line, end its span."""
+        """A request's answer was handed to the server (or, for one made as it is sent, the server closed it): count
+        it, log its line, end its span."""
         ended = time.perf_counter()
         if self.recorder is not None:
             self.recorder.finished((record, ended))

@@ -58,6 +58,11 @@ class Body:
         self._items = [chunk if type(chunk) is bytes else convert(chunk) for chunk in self._items]
         return self
 
+    @property
+    def whole(self) -> bool:
+        """Every item is here already (a list), as opposed to made as the body is sent (an iterator)."""
+        return type(self._items) in (list, tuple)
+
     def add(self, cleanup: Callable[[], object]) -> None:
         """Run ``cleanup`` too, after the others."""
         self._cleanups.append(cleanup)
