@@ -1,9 +1,9 @@
 """Prometheus metrics: recorded at one edge, kept cheaply in each process, one scrape over every worker.
 
-What is measured, and where: the WSGI app records each request when its answer is done (route, method, status,
-duration, body sizes, requests in flight); the pipeline times its three hooks; the micro-batcher reports its groups
-and queue; the model store its loads; the serving process its workers' restarts. Nothing is counted inside a
-protocol's handlers.
+What is measured, and where: the WSGI app records each request once its answer is handed to the server (route,
+method, status, duration, body sizes, requests in flight); the pipeline times its three hooks; the micro-batcher
+reports its groups and queue; the workers their model loads; the serving process its workers' restarts. Nothing is
+counted inside a protocol's handlers.
 
 **Cheap on the request path.** The Prometheus client's own ``inc()`` and ``observe()`` take about 3 us each in its
 multiprocess mode (a lock and a write to a memory-mapped file); a request updates about ten values. So a request
