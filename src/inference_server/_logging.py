@@ -26,6 +26,8 @@ from typing import IO, Any, NamedTuple
 import orjson
 
 FORMAT = "%(asctime)s [%(process)d] [%(levelname)s] %(name)s: %(message)s"
+#: Our logger: its lines (but the access lines of its child ``inference_server.access``) are written at once.
+_OURS = "inference_server"
 #: The backends' loggers named so write access lines of their own, which would repeat ours: only their warnings pass.
 _BACKEND_ACCESS = ".access"
 
@@ -217,15 +219,17 @@ class Handler(logging.StreamHandler):  # type: ignore[type-arg]
         self._start_lock = threading.Lock()
 
     def emit(self, record: logging.LogRecord) -> None:
-        """Queue the record's line; a warning or worse is written before this returns (with what was queued before
-        it, in order): it may be the last word before the process ends, or the trace of a 500 being answered."""
+        """Queue the record's line; a warning or worse, and the server's own lines (logger ``inference_server``: rare,
+        and read by whoever watches it start or stop), are written before this returns, with what was queued before
+        them, in order. What stays queued for up to :attr:`GATHER` s: access lines, and the model's own info and
+        debug lines."""
         try:
             line = self.format(record)
         except Exception:
             self.handleError(record)
             return
         self.put(line)
-        if record.levelno >= logging.WARNING or not self.background:
+        if record.levelno >= logging.WARNING or not self.background or record.name == _OURS:
             self.flush()
 
     def put(self, line: str) -> None:

@@ -3,6 +3,7 @@
 import json
 import re
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -40,6 +41,10 @@ def test_concurrent_requests_are_grouped_and_answered_correctly(serve: Callable[
             np.testing.assert_allclose(np.loadtxt(body.decode().splitlines(), delimiter=","), expected[i])
         else:
             np.testing.assert_allclose(json.loads(body), expected[i : i + 1])
+    deadline = time.monotonic() + 5  # the server writes its info and debug lines a few milliseconds later
     calls = [int(count) for count in re.findall(r"predict_proba on (\d+) rows", server.output())]
+    while sum(calls) < CONCURRENT and time.monotonic() < deadline:
+        time.sleep(0.05)
+        calls = [int(count) for count in re.findall(r"predict_proba on (\d+) rows", server.output())]
     assert sum(calls) == CONCURRENT, calls
     assert max(calls) > 1, f"every call had one row: no batching ({calls})"
