@@ -266,7 +266,9 @@ def test_a_scrape_of_a_real_server_covers_every_worker_and_keeps_a_replaced_work
     deadline = time.monotonic() + 10
     scraped = samples(server.request("GET", "/metrics").body.decode())
     while (
-        invocations(scraped) < 40 or total(scraped, "inference_server_requests_total", route="other") < 1
+        invocations(scraped) < 40
+        or total(scraped, "inference_server_request_duration_seconds_count", route="/invocations") < 40
+        or total(scraped, "inference_server_requests_total", route="other") < 1
     ) and time.monotonic() < deadline:
         time.sleep(0.1)
         scraped = samples(server.request("GET", "/metrics").body.decode())

@@ -179,8 +179,6 @@ class Recorder:
         with self._flush_lock:
             arrivals, requests, stages, batches = (_taken(queue) for queue in self._queues)
             self._in_flight += len(arrivals)
-            if requests:
-                self._in_flight -= self._add_requests(families, requests)
             if stages:
                 times = np.array(stages, dtype=np.float64)
                 spent = np.diff(times, axis=1)
@@ -194,6 +192,8 @@ class Recorder:
                 _add(families.batch_size, _Histogram.of(BATCH_BUCKETS, sizes))
                 _add(families.batch_rows, _Histogram.of(ROWS_BUCKETS, rows))
                 _add(families.queue_seconds, _Histogram.of(QUEUE_BUCKETS, [wait for group in waits for wait in group]))
+            if requests:  # last: its totals say the rest of these requests' metrics are written
+                self._in_flight -= self._add_requests(families, requests)
             families.requests_in_flight.set(self._in_flight)
             families.queue_depth.set(sum(batcher.waiting for batcher in list(self.batchers)))
 
@@ -211,9 +211,6 @@ class Recorder:
         (:attr:`arrived`), scrapes excepted."""
         records, ended = zip(*requests, strict=True)
         routes, methods, statuses, started, received, sent, models = zip(*records, strict=True)
-        counts = collections.Counter(zip(routes, methods, statuses, strict=True))
-        for (route, method, status), count in counts.items():
-            families.requests_total.labels(route, method if method in METHODS else OTHER, str(status)).inc(count)
         if any(models):
             by_model: dict[tuple[str, str], list[float]] = {}
             durations = np.subtract(ended, started).tolist()
@@ -239,6 +236,10 @@ class Recorder:
         ):
             for label, histogram in _histograms(bounds, values, groups, route_labels).items():
                 _add(family.labels(label), histogram)
+        # the totals last: a scrape that sees a request counted sees its histograms too (within one worker)
+        counts = collections.Counter(zip(routes, methods, statuses, strict=True))
+        for (route, method, status), count in counts.items():
+            families.requests_total.labels(route, method if method in METHODS else OTHER, str(status)).inc(count)
         return len(routes) - routes.count(ROUTE) - routes.count(OTHER)
 
     def start_flushing(self) -> None:
