@@ -21,7 +21,7 @@ import orjson
 import werkzeug
 import werkzeug.exceptions
 
-from inference_server import _logging, _plugins, plugin_hook
+from inference_server import _logging, _plugins, metrics, plugin_hook
 from inference_server._settings import Settings
 from inference_server.wsgi._app import App
 
@@ -109,6 +109,7 @@ def ours(**settings: Any) -> App:
 def main() -> None:
     # the access log as serve writes it (JSON lines), to /dev/null: its cost, not the terminal's
     _logging.configure(logging.INFO, "json", stream=open(os.devnull, "w"), background=True)  # noqa: SIM115
+    metrics.recorder.start_flushing()  # as in a worker of serve: what is recorded is counted every 0.1 s
     apps: dict[str, WSGIApp] = {
         "ours": ours(),  # type: ignore[dict-item]
         "ours --no-metrics": ours(metrics=False),  # type: ignore[dict-item]

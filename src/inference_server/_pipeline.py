@@ -9,9 +9,10 @@ each invocation runs its hooks in a copy of the caller's ``contextvars`` context
 from __future__ import annotations
 
 import contextvars
+import io
 import logging
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
 from typing import Any, NamedTuple
 
 import pluggy
@@ -31,11 +32,13 @@ _MB = 1 << 20
 class Output(NamedTuple):
     """What ``output_fn`` made of a prediction: the body as buffers, its media type, and extra headers."""
 
-    #: The body is the concatenation of these (an array's own memory, not a copy).
+    #: The body is the concatenation of these (an array's own memory, not a copy); for a stream, its first chunk.
     buffers: list[codecs.Buffer]
     media_type: str
     #: Response headers ``output_fn`` asked for (its optional third item), e.g. custom attributes.
     headers: list[tuple[str, str]]
+    #: The rest of an answer made as it is sent (``output_fn`` gave an iterator), else None.
+    stream: Stream | None = None
 
     @property
     def nbytes(self) -> int:
@@ -44,6 +47,48 @@ class Output(NamedTuple):
         if len(buffers) == 1 and type(buffers[0]) is bytes:  # the usual small answer: no memoryview needed
             return len(buffers[0])
         return sum(memoryview(buffer).nbytes for buffer in buffers)
+
+
+class Stream:
+    """The chunks of an iterator that ``output_fn`` returned (a generator ``predict_fn`` made, encoded one by one),
+    each made when asked for, in the invocation's context: the context variables its hooks saw."""
+
+    __slots__ = ("_chunks", "context")
+
+    def __init__(self, chunks: Iterator[Any]) -> None:
+        self._chunks = chunks
+        #: Where each chunk is made (set by :meth:`Pipeline.invoke` to the invocation's own).
+        self.context = contextvars.Context()
+
+    def next(self) -> codecs.Buffer | None:
+        """The next chunk that is not empty, or None at the end; a :class:`HookError` if the iterator raised."""
+        while True:
+            try:
+                item = self.context.run(next, self._chunks)
+            except StopIteration:
+                return None
+            except Exception as exc:
+                raise HookError("output_fn", exc, summary=f"the response stream raised {type(exc).__name__}") from exc
+            chunk = _chunk(item)
+            if memoryview(chunk).nbytes:  # an empty chunk would end HTTP's chunked coding: there is nothing to send
+                return chunk
+
+    def close(self) -> None:
+        """Close the iterator (a generator's ``finally`` runs, in the invocation's context); ``ValueError`` if it is
+        making a chunk on another thread right now."""
+        close = getattr(self._chunks, "close", None)
+        if close is not None:
+            self.context.run(close)
+
+    def drain(self) -> list[codecs.Buffer]:
+        """Every remaining chunk (for callers that answer whole: Batch Transform)."""
+        chunks = []
+        try:
+            while (chunk := self.next()) is not None:
+                chunks.append(chunk)
+        finally:
+            self.close()
+        return chunks
 
 
 def execution_parameters(pm: pluggy.PluginManager) -> dict[str, Any]:
@@ -136,15 +181,36 @@ class Pipeline:
         accept: str,
         model: Any,
         predict: Callable[[Any], Any] | None = None,
+        streamed: bool = False,
     ) -> Output:
         """Run ``input_fn``, ``predict_fn`` (or ``predict``: a batcher's, which may run it with other inputs) and
         ``output_fn`` on one body.
+
+        When ``output_fn`` gives an iterator of chunks (a streamed answer), the first chunk is made now; with
+        ``streamed`` the rest is left in :attr:`Output.stream` for the caller to send as it is made (and close),
+        else it is made now too and the output is whole.
 
         The hooks run in a copy of the caller's context: a context variable one of them sets is seen by the
         others of this invocation only. An HTTP exception raised by a hook keeps its status; anything else a hook
         raises becomes a :class:`HookError` naming the hook (a 500).
         """
-        return contextvars.copy_context().run(self._invoke, body, content_type, accept, model, predict)
+        context = contextvars.copy_context()
+        output = context.run(self._invoke, body, content_type, accept, model, predict)
+        if output.stream is None:
+            return output
+        stream = output.stream
+        stream.context = context
+        try:
+            if not streamed:
+                return output._replace(buffers=stream.drain(), stream=None)
+            first = stream.next()  # made now, within the caller's deadline and model slot
+        except BaseException:
+            stream.close()
+            raise
+        if first is None:
+            stream.close()
+            return output._replace(buffers=[], stream=None)
+        return output._replace(buffers=[first], stream=stream)
 
     def _invoke(
         self,
@@ -263,7 +329,19 @@ def _output(result: Any) -> Output:
             summary=f"output_fn returned {shape}, not (body, content_type) or (body, content_type, headers)",
         )
     headers = [(str(name), str(value)) for name, value in result[2].items()] if len(result) == 3 else []
-    return Output(_as_buffers(result[0]), str(result[1]), headers)
+    content = result[0]
+    if isinstance(content, Iterator) and not isinstance(content, io.IOBase):
+        return Output([], str(result[1]), headers, Stream(content))
+    return Output(_as_buffers(content), str(result[1]), headers)
+
+
+def _chunk(item: Any) -> codecs.Buffer:
+    """One item of a streamed body as a buffer: bytes-like as it is, ``str`` as UTF-8."""
+    if isinstance(item, (bytes, bytearray, memoryview)):
+        return item
+    if isinstance(item, str):
+        return item.encode()
+    raise TypeError(f"a streamed body's items must be bytes-like or str, not {type(item).__name__}")
 
 
 def _as_buffers(content: Any) -> list[codecs.Buffer]:

@@ -209,6 +209,15 @@ class Settings:
         "replaced; 0: no limit, and requests run on the server's threads, a little faster",
         default_text=f"60, or {BATCH_TIMEOUT} when SAGEMAKER_BATCH is true (Batch Transform's invocation timeout)",
     )
+    #: Seconds a streamed answer may take in all, from the request's arrival to its last chunk (0: no limit).
+    stream_timeout: int = _variable(
+        600,
+        "INFERENCE_SERVER_STREAM_TIMEOUT",
+        _integer(0),
+        "seconds a streamed answer (a model that returns an iterator) may take from the request to its last chunk; "
+        "--timeout applies to its first chunk; past it the stream is cut (on the event-stream route: a "
+        "ModelStreamError); 0: no limit, and chunks are made on the server's threads",
+    )
     #: Seconds a client may take to send a request's headers, and again its body; past it: 408 or a closed connection.
     read_timeout: int = _variable(
         30,

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import contextvars
 import dataclasses
+import io
+import itertools
 import os
+from collections.abc import Iterator
 from typing import Any
 
 from werkzeug.datastructures import MIMEAccept
 
 from inference_server import _settings, codecs
 from inference_server._hookspecs import plugin_hook
-from inference_server.errors import HookError
+from inference_server.codecs import streams
+from inference_server.errors import HookError, NotAcceptable
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,10 +101,36 @@ def output_fn(prediction: Any, accept: MIMEAccept) -> tuple[Any, str]:
     defaults, request = _invocation()
     if defaults.passthrough:
         return prediction, "application/octet-stream"
+    if isinstance(prediction, Iterator) and not isinstance(prediction, io.IOBase):
+        return _streamed(prediction, accept, defaults.json_nan)
     codec = codecs.negotiate(accept, prediction, default=defaults.default_accept, request=request)
     if defaults.json_nan != "null" and isinstance(codec, (codecs.JSONCodec, codecs.JSONLinesCodec)):
         return codec.encode(prediction, defaults.json_nan), codec.media_type
     return codec.encode(prediction), codec.media_type
+
+
+def _streamed(prediction: Iterator[Any], accept: MIMEAccept, nan: str) -> tuple[Iterator[Any], str]:
+    """A prediction made as an iterator, encoded record by record as it is made (see
+    :mod:`inference_server.codecs.streams`): JSON Lines unless the client asks for server-sent events, a JSON array
+    or text; records that are bytes are sent as they are. The first record is made here: it decides."""
+    try:
+        first = next(prediction)
+    except StopIteration:
+        return iter(()), streams.JSON_LINES
+    rest = prediction
+    if isinstance(first, (bytes, bytearray, memoryview)):
+        return itertools.chain((first,), rest), "application/octet-stream"
+    offered = streams.MEDIA_TYPES if isinstance(first, str) else streams.MEDIA_TYPES[:-1]
+    media_type = accept.best_match(offered)
+    if media_type is None:
+        close = getattr(prediction, "close", None)
+        if close is not None:
+            close()
+        raise NotAcceptable(
+            f"the model streams its answer; it can be sent as {', '.join(offered)}, which the Accept header "
+            f"({accept}) does not allow"
+        )
+    return streams.encode(media_type, first, rest, nan), media_type
 
 
 @plugin_hook(trylast=True)

@@ -25,6 +25,7 @@ The ``prometheus_client`` module is imported on first use, never at import of th
 
 from __future__ import annotations
 
+import array
 import atexit
 import bisect
 import collections
@@ -74,6 +75,8 @@ OTHER = "other"
 #: The scrape's own route: never counted in flight.
 ROUTE = "/metrics"
 STAGES = ("input", "predict", "output")
+#: Label sets remembered by their raw values (past it, a new method or model name is bounded on each request).
+MAX_KINDS = 10_000
 #: Why a worker was replaced (``worker_restarts_total``).
 RESTART_REASONS = ("crash", "max-requests", "stuck")
 
@@ -117,26 +120,38 @@ def _taken(queue: collections.deque[Any]) -> list[Any]:
     return list(itertools.starmap(queue.popleft, itertools.repeat((), len(queue))))
 
 
+def _taken_values(values: array.array[float], width: int) -> np.ndarray:
+    """What ``values`` holds now as rows of ``width``, taken out: another thread's ``extend`` of one row is atomic
+    (the GIL is not let go while a C loop copies a tuple of floats), and what it adds after ``len`` stays."""
+    count = len(values)
+    rows = values[:count]
+    del values[:count]
+    return np.frombuffer(rows, dtype=np.float64).reshape(-1, width)
+
+
 class Recorder:
     """This process's metrics: what a request adds is one tuple appended to a queue (no lock: ``deque.append`` is
     atomic), counted into the Prometheus client's metrics by :meth:`flush`, vectorised."""
 
     def __init__(self) -> None:
         arrivals: collections.deque[None] = collections.deque()
-        requests: collections.deque[tuple[Any, ...]] = collections.deque()
-        stages: collections.deque[tuple[float, float, float, float]] = collections.deque()
         batches: collections.deque[tuple[int, int, list[float]]] = collections.deque()
-        self._queues = arrivals, requests, stages, batches
+        self._queues = arrivals, batches
+        # numbers kept as C doubles: a request leaves no Python object alive until the flush
+        self._requests = array.array("d")
+        self._stages = array.array("d")
         #: A request matched a route and is in flight from now on (``arrived(None)``).
         self.arrived = arrivals.append
-        #: A request ended: ``finished(((route, method, status, started, received, sent, model), ended))``, the
-        #: times from ``time.perf_counter()``, the sizes the bodies' bytes, ``model`` the name a multi-model endpoint
-        #: invoked ("" otherwise).
-        self.finished = requests.append
+        #: A request ended: ``ended((kind, started, ended, received, sent))``, ``kind`` from :meth:`kind`, the
+        #: times from ``time.perf_counter()``, the sizes the bodies' bytes.
+        self.ended = self._requests.extend
         #: One invocation's hooks: ``timed((started, decoded, predicted, encoded))``: ``input_fn`` from ``started``
         #: to ``decoded``, ``predict_fn`` to ``predicted`` (with micro-batching, its wait for the group
         #: included), ``output_fn`` to ``encoded``.
-        self.timed = stages.append
+        self.timed = self._stages.extend
+        #: The number of each kind of request (its labels) seen, and the labels of each number.
+        self._kinds: dict[tuple[str, str, int, str], int] = {}
+        self._kind_labels: list[tuple[str, str, int, str]] = []
         #: One ``predict_fn`` call of the micro-batcher: ``batched((requests, rows, [seconds each request waited
         #: from its arrival in the queue to the call]))``.
         self.batched = batches.append
@@ -177,11 +192,12 @@ class Recorder:
         """Count what this process recorded into the Prometheus client's metrics (its files, when shared)."""
         families = self.families()
         with self._flush_lock:
-            arrivals, requests, stages, batches = (_taken(queue) for queue in self._queues)
+            arrivals, batches = (_taken(queue) for queue in self._queues)
+            requests = _taken_values(self._requests, 5)
+            stages = _taken_values(self._stages, 4)
             self._in_flight += len(arrivals)
-            if stages:
-                times = np.array(stages, dtype=np.float64)
-                spent = np.diff(times, axis=1)
+            if len(stages):
+                spent = np.diff(stages, axis=1)
                 for column, stage in enumerate(STAGES):
                     _add(
                         families.stage_duration.labels(stage),
@@ -192,10 +208,29 @@ class Recorder:
                 _add(families.batch_size, _Histogram.of(BATCH_BUCKETS, sizes))
                 _add(families.batch_rows, _Histogram.of(ROWS_BUCKETS, rows))
                 _add(families.queue_seconds, _Histogram.of(QUEUE_BUCKETS, [wait for group in waits for wait in group]))
-            if requests:  # last: its totals say the rest of these requests' metrics are written
+            if len(requests):  # last: its totals say the rest of these requests' metrics are written
                 self._in_flight -= self._add_requests(families, requests)
             families.requests_in_flight.set(self._in_flight)
             families.queue_depth.set(sum(batcher.waiting for batcher in list(self.batchers)))
+
+    def kind(self, route: str, method: str, status: int, model: str) -> int:
+        """The number :attr:`ended` takes for a request with these labels (``model``: the name a multi-model endpoint
+        invoked, "" otherwise); methods and models are bounded here (``other``), so their numbers are too."""
+        number = self._kinds.get((route, method, status, model))
+        if number is None:
+            return self._new_kind(route, method, status, model)
+        return number
+
+    def _new_kind(self, route: str, method: str, status: int, model: str) -> int:
+        with self._flush_lock:
+            bounded = (route, method if method in METHODS else OTHER, status, self._model_label(model))
+            number = self._kinds.get(bounded)
+            if number is None:
+                self._kind_labels.append(bounded)
+                number = self._kinds[bounded] = len(self._kind_labels) - 1
+            if len(self._kinds) < MAX_KINDS:  # else unknown methods and model names are bounded again each time
+                self._kinds[(route, method, status, model)] = number
+            return number
 
     def _model_label(self, model: str) -> str:
         """``model`` as the label says it: bounded to :attr:`max_models` distinct names in this process."""
@@ -206,41 +241,53 @@ class Recorder:
             return model
         return OTHER
 
-    def _add_requests(self, families: _Families, requests: list[tuple[Any, ...]]) -> int:
-        """Count ``requests`` (see :attr:`finished`); returns how many were in flight: those that matched a route
+    def _add_requests(self, families: _Families, requests: np.ndarray) -> int:
+        """Count ``requests`` (rows of :attr:`ended`); returns how many were in flight: those that matched a route
         (:attr:`arrived`), scrapes excepted."""
-        records, ended = zip(*requests, strict=True)
-        routes, methods, statuses, started, received, sent, models = zip(*records, strict=True)
-        if any(models):
-            by_model: dict[tuple[str, str], list[float]] = {}
-            durations = np.subtract(ended, started).tolist()
-            for route, model, status, seconds in zip(routes, models, statuses, durations, strict=True):
-                if model:
-                    label = self._model_label(model)
-                    families.model_requests_total.labels(route, label, str(status)).inc()
-                    by_model.setdefault((route, label), []).append(seconds)
-            for (route, model), seconds in by_model.items():
-                _add(families.model_duration.labels(route, model), _Histogram.of(DURATION_BUCKETS, seconds))
-        names: dict[str, int] = {}
-        groups = None
-        if len(set(routes)) > 1:
-            groups = np.fromiter((names.setdefault(route, len(names)) for route in routes), np.intp, len(routes))
-        else:
-            names[routes[0]] = 0
-        route_labels = list(names)
-        seconds = np.subtract(ended, started)
+        kinds = requests[:, 0].astype(np.intp)
+        seconds = requests[:, 2] - requests[:, 1]
+        labels = self._kind_labels
+        counts = np.bincount(kinds, minlength=len(labels)).tolist()
+        present = [number for number, count in enumerate(counts) if count]
+        routes: dict[str, int] = {}
+        models: dict[tuple[str, str], int] = {}
+        route_of = np.zeros(len(labels), dtype=np.intp)
+        model_of = np.full(len(labels), -1, dtype=np.intp)
+        for number in present:
+            route, _, _, model = labels[number]
+            route_of[number] = routes.setdefault(route, len(routes))
+            if model:
+                model_of[number] = models.setdefault((route, model), len(models))
+        groups = route_of[kinds] if len(routes) > 1 else None
+        route_labels = list(routes)
         for family, bounds, values in (
             (families.request_duration, DURATION_BUCKETS, seconds),
-            (families.request_body, BYTES_BUCKETS, np.array(received, dtype=np.float64)),
-            (families.response_body, BYTES_BUCKETS, np.array(sent, dtype=np.float64)),
+            (families.request_body, BYTES_BUCKETS, requests[:, 3]),
+            (families.response_body, BYTES_BUCKETS, requests[:, 4]),
         ):
             for label, histogram in _histograms(bounds, values, groups, route_labels).items():
                 _add(family.labels(label), histogram)
+        if models:
+            by_model = model_of[kinds]
+            invoked = by_model >= 0
+            keys = list(models)
+            for index, histogram in enumerate(
+                _histograms(
+                    DURATION_BUCKETS, seconds[invoked], by_model[invoked], [str(i) for i in range(len(keys))]
+                ).values()
+            ):
+                _add(families.model_duration.labels(*keys[index]), histogram)
         # the totals last: a scrape that sees a request counted sees its histograms too (within one worker)
-        counts = collections.Counter(zip(routes, methods, statuses, strict=True))
-        for (route, method, status), count in counts.items():
-            families.requests_total.labels(route, method if method in METHODS else OTHER, str(status)).inc(count)
-        return len(routes) - routes.count(ROUTE) - routes.count(OTHER)
+        in_flight = 0
+        for number in present:
+            route, method, status, model = labels[number]
+            count = counts[number]
+            families.requests_total.labels(route, method, str(status)).inc(count)
+            if model:
+                families.model_requests_total.labels(route, model, str(status)).inc(count)
+            if route not in (ROUTE, OTHER):
+                in_flight += count
+        return in_flight
 
     def start_flushing(self) -> None:
         """In a worker of ``serve``: flush every :data:`FLUSH_INTERVAL` seconds, and at exit."""

@@ -188,15 +188,26 @@ class App:
                 self._finish(record, environ, request_id, span)  # the whole answer is handed to the server now
             else:  # an answer made as it is sent: done when the server closes it
                 body = body if isinstance(body, Body) else Body(body)
-                body.add(functools.partial(self._finish, record, environ, request_id, span))
+                body.add(functools.partial(self._finish_sent, record, body, environ, request_id, span))
         if method == "HEAD":
             close(body)
             return []
-        if isinstance(body, Body):
-            return body.prepare(self.backend.bytes_only)
+        if isinstance(body, Body) or type(body) not in (list, tuple):  # (made as it is sent: converted as it comes)
+            return (body if isinstance(body, Body) else Body(body)).prepare(self.backend.bytes_only)
         if self.backend.bytes_only:
             return [chunk if isinstance(chunk, bytes) else bytes(chunk) for chunk in body]
         return body
+
+    def _finish_sent(
+        self,
+        record: tuple[Any, ...],
+        body: Body,
+        environ: WSGIEnvironment,
+        request_id: str,
+        span: _tracing.RequestSpan | None,
+    ) -> None:
+        """:meth:`_finish` for an answer made as it was sent: its size is what was sent."""
+        self._finish((*record[:5], record[5] or body.sent, record[6]), environ, request_id, span)
 
     def _finish(
         self, record: tuple[Any, ...], environ: WSGIEnvironment, request_id: str, span: _tracing.RequestSpan | None
@@ -204,9 +215,10 @@ class App:
         """A request's answer was handed to the server (or, for one made as it is sent, the server closed it): count
         it, log its line, end its span."""
         ended = time.perf_counter()
-        if self.recorder is not None:
-            self.recorder.finished((record, ended))
         route, method, status, started, received, sent, model = record
+        recorder = self.recorder
+        if recorder is not None:
+            recorder.ended((recorder.kind(route, method, status, model), started, ended, received, sent))
         if self.settings.access_log:
             _logging.access(
                 method=method,

@@ -13,13 +13,13 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 from inference_server import _deadlines, batching, codecs, metrics
-from inference_server._pipeline import Pipeline
+from inference_server._pipeline import Pipeline, Stream
 from inference_server._settings import Settings
-from inference_server.errors import GatewayTimeout, RequestTimeout, ServiceUnavailable
+from inference_server.errors import GatewayTimeout, HookError, RequestTimeout, ServiceUnavailable
 from inference_server.wsgi._body import read_body
 from inference_server.wsgi._replies import Body, Reply, Request
 
@@ -150,14 +150,14 @@ class Lifecycle:
 
     def _bounded(self, request: Request, target: Target) -> Reply:
         """Invoke on a helper thread and answer 408 or 504 if it overruns ``--read-timeout`` or ``--timeout``."""
+        start = time.monotonic()
         if self._timeout is None:
-            return self._invoke(request, target, None)
+            return self._invoke(request, target, None, start)
         environ = request.environ
         body = None
         if self.backend.read_on_server_thread:
             body = read_body(environ, target.pipeline.max_body, self.backend.send_continue)
         call = _deadlines.Call()
-        start = time.monotonic()
         limit = min(self._timeout, self.settings.read_timeout)
         read_deadline, deadline = start + limit, start + self._timeout
         if body is not None:
@@ -167,7 +167,9 @@ class Lifecycle:
             return read_deadline if call.stage == _deadlines.READING else deadline
 
         try:
-            return self._helpers.run(functools.partial(self._invoke, request, target, call, body), current_deadline)  # type: ignore[no-any-return]
+            return self._helpers.run(  # type: ignore[no-any-return]
+                functools.partial(self._invoke, request, target, call, start, body), current_deadline
+            )
         except _deadlines.TimedOut as exc:
             stage = call.cancel()
             if stage == _deadlines.READING:
@@ -190,7 +192,12 @@ class Lifecycle:
             logger.error("%s; this process cannot be replaced (it was not started by inference-server serve)", reason)
 
     def _invoke(
-        self, request: Request, target: Target, call: _deadlines.Call | None, body: bytearray | None = None
+        self,
+        request: Request,
+        target: Target,
+        call: _deadlines.Call | None,
+        start: float,
+        body: bytearray | None = None,
     ) -> Reply:
         environ = request.environ
         pipeline = target.pipeline
@@ -203,13 +210,17 @@ class Lifecycle:
             output = _batched(pipeline, target.batcher, body, content_type, accept, model, call)
         elif call is None:
             with self._model_slots:
-                output = pipeline.invoke(body, content_type, accept, model)
+                output = pipeline.invoke(body, content_type, accept, model, streamed=True)
         else:
             call.take_slot(self._model_slots)
             try:
-                output = pipeline.invoke(body, content_type, accept, model)
+                output = pipeline.invoke(body, content_type, accept, model, streamed=True)
             finally:
                 call.give_back()
+        if output.stream is not None:
+            deadline = start + self.settings.stream_timeout if self.settings.stream_timeout else None
+            streamed = Streamed(output.buffers, output.stream, self, request, deadline)
+            return 200, [("Content-Type", output.media_type), *output.headers], streamed
         headers = [("Content-Type", output.media_type), ("Content-Length", str(output.nbytes)), *output.headers]
         return 200, headers, output.buffers
 
@@ -245,7 +256,136 @@ def _batched(
         return batcher.predict(data, model, call, coming=True)
 
     try:
-        return pipeline.invoke(body, content_type, accept, model, predict)
+        return pipeline.invoke(body, content_type, accept, model, predict, streamed=True)
     finally:
         if not sent:
             batcher.gone()
+
+
+class StreamFailed(Exception):
+    """A streamed answer could not go on: the model's iterator raised (``code`` ``StreamBroken``) or the stream
+    overran ``--stream-timeout`` (``ModelInvocationTimeExceeded``, SageMaker's names for them). The status and
+    the first chunks are sent already: a server that gets this from the body ends the connection without the
+    chunked coding's last chunk, which tells the client the answer is incomplete."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class Streamed:
+    """A streamed answer's chunks, each made when the server asks for the next: under the model slot (as a hook
+    call is), and, with ``--stream-timeout``, on a helper thread that the whole stream's deadline bounds.
+
+    ``close()`` (the server is done: the last chunk was sent or the client went away) closes the model's iterator,
+    so a generator's ``finally`` runs; if a chunk is being made on a helper thread right then, that thread closes
+    it once the chunk is made."""
+
+    def __init__(
+        self,
+        first: list[codecs.Buffer],
+        stream: Stream,
+        lifecycle: Lifecycle,
+        request: Request,
+        deadline: float | None,
+    ) -> None:
+        self._first = first
+        self._stream = stream
+        self._lifecycle = lifecycle
+        self._request = request
+        self._deadline = deadline
+        self._lock = threading.Lock()
+        self._making = False  # a chunk is being made (on a helper thread)
+        self._closed = False
+
+    def __iter__(self) -> Iterator[codecs.Buffer]:
+        return self.chunks()
+
+    def chunks(self) -> Iterator[codecs.Buffer]:
+        """The chunks; :class:`StreamFailed` if the stream cannot go on (after logging why)."""
+        yield from self._first
+        self._first = []
+        while True:
+            chunk = self._next()
+            if chunk is None:
+                return
+            yield chunk
+
+    def _next(self) -> codecs.Buffer | None:
+        if self._closed:
+            return None
+        if self._deadline is None:
+            with self._lifecycle._model_slots:
+                return self._made(self._stream.next)
+        if time.monotonic() >= self._deadline:
+            self._timed_out()
+        with self._lock:
+            self._making = True
+        try:
+            return self._lifecycle._helpers.run(self._make, lambda: self._deadline or 0.0)  # type: ignore[no-any-return]
+        except _deadlines.TimedOut as exc:
+            timer = threading.Timer(
+                RECYCLE_GRACE, self._lifecycle._recycle_if_stuck, (exc.helper, self._request.request_id)
+            )
+            timer.daemon = True
+            timer.start()
+            self._timed_out()
+            raise  # (not reached)
+
+    def _make(self) -> codecs.Buffer | None:
+        """On a helper thread: the next chunk, under the model slot; then close the stream if that was asked."""
+        try:
+            with self._lifecycle._model_slots:
+                return self._made(self._stream.next)
+        finally:
+            with self._lock:
+                self._making = False
+                closing = self._closed
+            if closing:
+                self._close_stream()
+
+    def _made(self, make: Callable[[], codecs.Buffer | None]) -> codecs.Buffer | None:
+        try:
+            return make()
+        except HookError as exc:
+            environ = self._request.environ
+            logger.error(
+                "Request %s %s %s: %s; the stream is cut",
+                self._request.request_id,
+                environ["REQUEST_METHOD"],
+                environ.get("PATH_INFO"),
+                exc.summary,
+                exc_info=exc.error,
+            )
+            raise StreamFailed(
+                "StreamBroken", f"{exc.summary}; see the server log for request {self._request.request_id}"
+            ) from None
+
+    def _timed_out(self) -> NoReturn:
+        timeout = self._lifecycle.settings.stream_timeout
+        logger.error(
+            "Request %s: the stream took longer than --stream-timeout (%d s); it is cut",
+            self._request.request_id,
+            timeout,
+        )
+        self.close()
+        raise StreamFailed(
+            "ModelInvocationTimeExceeded", f"the stream took longer than the server's stream timeout of {timeout} s"
+        )
+
+    def close(self) -> None:
+        """Close the model's iterator now, or once the chunk being made is made (once, whoever calls first)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            making = self._making
+        if not making:
+            self._close_stream()
+
+    def _close_stream(self) -> None:
+        try:
+            self._stream.close()
+        except Exception:
+            logger.exception("Request %s: closing the stream raised", self._request.request_id)

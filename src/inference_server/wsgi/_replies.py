@@ -46,22 +46,36 @@ class Body:
     the last byte, or when the client went away (PEP 3333; werkzeug's ``ClosingIterator`` relies on it, and so do
     gunicorn and granian). Iterating it is a list's iteration: no Python frame per item on the server's path."""
 
-    __slots__ = ("_cleanups", "_items")
+    __slots__ = ("_cleanups", "_items", "_source", "sent")
 
     def __init__(self, items: Iterable[codecs.Buffer], *cleanups: Callable[[], object]) -> None:
-        self._items = items
+        self._items = self._source = items
         self._cleanups = list(cleanups)
+        #: Bytes handed to the server so far, counted for an answer made as it is sent (see :meth:`prepare`).
+        self.sent = 0
 
     def prepare(self, as_bytes: bool) -> Body:
-        """Make every item ``bytes`` (PEP 3333's strings: ``as_bytes``) or a flat view of bytes (see :func:`_flat`)."""
+        """Make every item ``bytes`` (PEP 3333's strings: ``as_bytes``) or a flat view of bytes (see :func:`_flat`):
+        now for a whole answer, as they come for one made as it is sent (counting them in :attr:`sent`)."""
         convert = bytes if as_bytes else _flat
-        self._items = [chunk if type(chunk) is bytes else convert(chunk) for chunk in self._items]
+        if self.whole:
+            self._items = [chunk if type(chunk) is bytes else convert(chunk) for chunk in self._items]
+        else:
+            self._items = self._counted(self._items, convert)
         return self
+
+    def _counted(
+        self, items: Iterable[codecs.Buffer], convert: Callable[[codecs.Buffer], codecs.Buffer]
+    ) -> Iterator[codecs.Buffer]:
+        for chunk in items:
+            chunk = chunk if type(chunk) is bytes else convert(chunk)
+            self.sent += memoryview(chunk).nbytes
+            yield chunk
 
     @property
     def whole(self) -> bool:
         """Every item is here already (a list), as opposed to made as the body is sent (an iterator)."""
-        return type(self._items) in (list, tuple)
+        return type(self._source) in (list, tuple)
 
     def add(self, cleanup: Callable[[], object]) -> None:
         """Run ``cleanup`` too, after the others."""
@@ -73,7 +87,7 @@ class Body:
     def close(self) -> None:
         """Close the items if they can be, then run the cleanups (once, whoever calls first)."""
         cleanups, self._cleanups = self._cleanups, []
-        close = getattr(self._items, "close", None)
+        close = getattr(self._source, "close", None)
         try:
             if cleanups and close is not None:
                 close()

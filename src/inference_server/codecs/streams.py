@@ -1,0 +1,97 @@
+"""Streamed answers: a prediction that is an iterator of records, encoded one record at a time as it is made.
+
+Each function takes the first record (already made: it decides the media type) and the iterator of the rest, and
+returns an iterator of chunks to send as they come. The media types:
+
+- ``application/jsonlines``: one JSON document and ``\\n`` per record;
+- ``text/event-stream``: one server-sent event per record (the WHATWG HTML standard, "Server-sent events": each line
+  of the data as a ``data:`` field, the event ended by a blank line); a ``str`` is the event's data as it is,
+  an :class:`Event` sets the other fields, anything else is sent as JSON;
+- ``application/json``: one JSON array, ``[`` with the first record, ``,`` and each next one, then ``]``: a client that
+  reads the whole body gets a valid document;
+- ``text/plain``: ``str`` records as UTF-8, as they are (tokens of text).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import re
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from inference_server.codecs import json
+
+JSON_LINES = "application/jsonlines"
+EVENT_STREAM = "text/event-stream"
+JSON = "application/json"
+TEXT = "text/plain"
+
+#: Line ends in an event's data (each line becomes a ``data:`` field of its own).
+_LINES = re.compile(r"\r\n|\r|\n")
+
+
+@dataclasses.dataclass(frozen=True)
+class Event:
+    """One server-sent event, for a model that sets more than the data (``event`` type, ``id``, ``retry`` ms)."""
+
+    data: str
+    event: str = ""
+    id: str = ""
+    retry: int | None = None
+
+    def encode(self) -> bytes:
+        """The event as the standard frames it: fields, then a blank line."""
+        for name, value in (("event", self.event), ("id", self.id)):
+            if _LINES.search(value) or (name == "id" and "\0" in value):
+                raise ValueError(f"a server-sent event's {name} cannot hold a line end or NUL: {value!r}")
+        fields = [f"event: {self.event}\n" if self.event else "", f"id: {self.id}\n" if self.id else ""]
+        if self.retry is not None:
+            fields.append(f"retry: {int(self.retry)}\n")
+        fields.extend(f"data: {line}\n" for line in _LINES.split(self.data))
+        return ("".join(fields) + "\n").encode()
+
+
+def event(record: Any, nan: str = "null") -> bytes:
+    """``record`` as one server-sent event: a ``str`` is the data itself, an :class:`Event` as it says, anything
+    else as JSON."""
+    if isinstance(record, Event):
+        return record.encode()
+    if isinstance(record, (bytes, bytearray, memoryview)):
+        record = bytes(record).decode()
+    if not isinstance(record, str):
+        record = json.dumps(record, nan).decode()
+    return Event(record).encode()
+
+
+def json_line(record: Any, nan: str = "null") -> bytes:
+    """``record`` as one line of JSON Lines."""
+    return json.dumps(record, nan) + b"\n"
+
+
+def text(record: Any, nan: str = "null") -> bytes:
+    """A ``str`` record as UTF-8."""
+    if not isinstance(record, str):
+        raise TypeError(f"a text/plain stream's records must be str, not {type(record).__name__}")
+    return record.encode()
+
+
+def json_array(first: Any, rest: Iterator[Any], nan: str = "null") -> Iterator[bytes]:
+    """The records as one JSON array, sent as they come."""
+    yield b"[" + json.dumps(first, nan)
+    for record in rest:
+        yield b"," + json.dumps(record, nan)
+    yield b"]"
+
+
+ENCODERS: dict[str, Callable[[Any, str], bytes]] = {JSON_LINES: json_line, EVENT_STREAM: event, TEXT: text}
+#: What a stream of records can be sent as, in the server's order of preference (``*/*`` gets the first).
+MEDIA_TYPES = (JSON_LINES, EVENT_STREAM, JSON, TEXT)
+
+
+def encode(media_type: str, first: Any, rest: Iterator[Any], nan: str = "null") -> Iterator[bytes]:
+    """The chunks of the stream ``first, *rest`` as ``media_type`` (one of :data:`MEDIA_TYPES`)."""
+    if media_type == JSON:
+        return json_array(first, rest, nan)
+    encoder = ENCODERS[media_type]
+    return (encoder(record, nan) for record in itertools.chain((first,), rest))

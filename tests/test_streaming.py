@@ -1,0 +1,307 @@
+"""Streamed answers on real servers: a generator's chunks sent as made (both backends), JSON Lines, server-sent
+events read by a real SSE client, SageMaker's event stream read by the real boto3 (parts, a 16 MiB split, a
+failure mid-stream), a client that goes away closing the generator, the stream and first-chunk deadlines, a drain
+that lets an open stream finish, and the multi-model route."""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import boto3
+import botocore.exceptions
+import orjson
+import pytest
+import sseclient
+
+from tests.conftest import local_aws_env
+
+JSON = {"Content-Type": "application/json"}
+BACKENDS = ["granian", "gunicorn"]
+
+#: A model whose prediction is a generator: it yields ``items`` (waiting before the second for the file ``gate``
+#: when given, pausing ``pause`` s before each), raises at index ``fail_at``, yields ``blob`` bytes first when
+#: given, and writes how many items it made to the file ``finally`` when it is closed or ends.
+STREAMER = """
+    import pathlib
+    import time
+
+    import inference_server
+
+    @inference_server.plugin_hook
+    def model_fn(model_dir):
+        return model_dir
+
+    @inference_server.plugin_hook
+    def predict_fn(data, model):
+        def made():
+            count = 0
+            try:
+                if data.get("blob"):
+                    yield b"\\x01" * data["blob"]
+                for index, item in enumerate(data.get("items", [])):
+                    if index == 1 and data.get("gate"):
+                        deadline = time.monotonic() + 30
+                        while not pathlib.Path(data["gate"]).exists() and time.monotonic() < deadline:
+                            time.sleep(0.01)
+                    if index == data.get("fail_at"):
+                        raise RuntimeError("the model failed mid-stream")
+                    time.sleep(data.get("pause", 0))
+                    count += 1
+                    yield item
+            finally:
+                if data.get("finally"):
+                    pathlib.Path(data["finally"]).write_text(str(count))
+        return made()
+"""
+
+
+_open: list[http.client.HTTPConnection] = []
+
+
+@pytest.fixture(autouse=True)
+def _close_connections() -> Iterator[None]:
+    """Close every connection :func:`post` opened, at the end of each test."""
+    yield
+    while _open:
+        _open.pop().close()
+
+
+def post(server: Any, path: str, value: Any, headers: dict[str, str] | None = None) -> http.client.HTTPResponse:
+    """Send ``value`` as JSON and return the response with its body unread (the connection stays open)."""
+    connection = server.connection()
+    _open.append(connection)
+    connection.request("POST", path, orjson.dumps(value), {**JSON, **(headers or {})})
+    return connection.getresponse()
+
+
+def chunks(response: http.client.HTTPResponse) -> Iterator[bytes]:
+    """The body as it arrives."""
+    while chunk := response.read1(65536):
+        yield chunk
+
+
+def wait_for(path: Path, deadline: float = 10) -> str:
+    end = time.monotonic() + deadline
+    while not path.exists():
+        assert time.monotonic() < end, f"{path} did not appear within {deadline} s"
+        time.sleep(0.02)
+    time.sleep(0.05)  # (written whole by then)
+    return path.read_text()
+
+
+@pytest.fixture
+def streamer(plugin_site: Any) -> None:
+    plugin_site.add("streamer", STREAMER)
+
+
+@pytest.fixture
+def aws(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """``aws(server)``: boto3's SageMaker Runtime client pointed at ``server``."""
+
+    def runtime(server: Any) -> Any:
+        for name, value in local_aws_env(f"http://127.0.0.1:{server.port}").items():
+            monkeypatch.setenv(name, value)
+        return boto3.client("sagemaker-runtime")
+
+    return runtime
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_generators_records_are_sent_as_they_are_made(
+    backend: str, streamer: None, servers: Any, tmp_path: Path
+) -> None:
+    """The first JSON Lines record arrives while the generator waits for a file that the test writes only after
+    reading it; the rest follows, chunked, and the generator's finally runs at the end."""
+    server = servers.start("--server", backend)
+    gate, done = tmp_path / "gate", tmp_path / "done"
+    items = [{"n": 0}, {"n": 1}, {"n": 2}]
+    response = post(server, "/invocations", {"items": items, "gate": str(gate), "finally": str(done)})
+    assert response.status == 200
+    assert response.getheader("Content-Type") == "application/jsonlines"
+    assert response.getheader("Transfer-Encoding") == "chunked"
+    assert response.getheader("Content-Length") is None
+    assert response.readline() == b'{"n":0}\n'
+    assert not done.exists()
+    gate.write_text("go")
+    assert response.read() == b'{"n":1}\n{"n":2}\n'
+    assert wait_for(done) == "3"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_server_sent_events_are_read_by_an_sse_client_as_they_come(
+    backend: str, streamer: None, servers: Any, tmp_path: Path
+) -> None:
+    """Accept: text/event-stream gets one event per record (a str as its data, multi-line data as several data
+    lines, anything else as JSON), parsed by sseclient-py, the first before the generator makes the second."""
+    server = servers.start("--server", backend)
+    gate = tmp_path / "gate"
+    items = ["Hello", "two\nlines", {"token": "!", "n": 3}]
+    response = post(server, "/invocations", {"items": items, "gate": str(gate)}, {"Accept": "text/event-stream"})
+    assert response.getheader("Content-Type") == "text/event-stream"
+    events = sseclient.SSEClient(chunks(response)).events()
+    assert next(events).data == "Hello"
+    gate.write_text("go")
+    assert [event.data for event in events] == ["two\nlines", '{"token":"!","n":3}']
+
+
+def test_a_json_client_gets_a_streamed_json_array_and_an_impossible_accept_gets_406(
+    streamer: None, servers: Any
+) -> None:
+    """Accept: application/json gets the records as one JSON array (sent as made); an Accept that allows no
+    streamed type is a 406 that names the ones there are."""
+    server = servers.start()
+    response = post(server, "/invocations", {"items": [1, {"a": 2}, "c"]}, {"Accept": "application/json"})
+    assert (response.status, response.getheader("Content-Type")) == (200, "application/json")
+    assert orjson.loads(response.read()) == [1, {"a": 2}, "c"]
+    refused = post(server, "/invocations", {"items": [1]}, {"Accept": "text/csv"})
+    assert refused.status == 406
+    assert "application/jsonlines, text/event-stream, application/json" in orjson.loads(refused.read())["message"]
+    assert server.request("POST", "/invocations", b'{"items": []}', JSON).body == b""  # nothing made, nothing sent
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_client_that_goes_away_closes_the_generator(
+    backend: str, streamer: None, servers: Any, tmp_path: Path
+) -> None:
+    """A client that disconnects after the first record stops the generator: its finally runs long before it
+    would have made all its records, and the server goes on serving."""
+    server = servers.start("--server", backend)
+    done = tmp_path / "done"
+    response = post(server, "/invocations", {"items": list(range(200)), "pause": 0.05, "finally": str(done)})
+    assert response.readline() == b"0\n"
+    _open.pop().close()
+    assert int(wait_for(done)) < 100
+    assert server.request("GET", "/ping").status == 200
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_boto3_reads_the_event_stream_and_a_failure_mid_stream(
+    backend: str, streamer: None, servers: Any, aws: Any
+) -> None:
+    """boto3's invoke_endpoint_with_response_stream gets one PayloadPart per record, the model's media type and
+    the variant; a model failing after two records ends the stream with a ModelStreamError that botocore raises
+    after those two; a failure before the first record is the usual 424 ModelError."""
+    server = servers.start("--server", backend)
+    runtime = aws(server)
+    response = runtime.invoke_endpoint_with_response_stream(
+        EndpointName="my-endpoint",
+        Body=orjson.dumps({"items": ["a", "b", "c"]}),
+        ContentType="application/json",
+        Accept="text/event-stream",
+        CustomAttributes="trace=on",
+    )
+    assert response["ContentType"] == "text/event-stream"
+    assert response["InvokedProductionVariant"] == "AllTraffic"
+    assert response["CustomAttributes"] == "trace=on"
+    parts = [event["PayloadPart"]["Bytes"] for event in response["Body"]]
+    assert parts == [b"data: a\n\n", b"data: b\n\n", b"data: c\n\n"]
+
+    failing = runtime.invoke_endpoint_with_response_stream(
+        EndpointName="my-endpoint",
+        Body=orjson.dumps({"items": [1, 2, 3], "fail_at": 2}),
+        ContentType="application/json",
+    )
+    received: list[bytes] = []
+
+    def read_all() -> None:
+        with contextlib.closing(failing["Body"]):
+            received.extend(event["PayloadPart"]["Bytes"] for event in failing["Body"])
+
+    with pytest.raises(botocore.exceptions.EventStreamError) as caught:
+        read_all()
+    assert received == [b"1\n", b"2\n"]
+    assert caught.value.response["Error"]["Code"] == "ModelStreamError"
+    assert "the response stream raised RuntimeError" in caught.value.response["Error"]["Message"]
+    assert "the model failed mid-stream" in server.output()
+
+    with pytest.raises(runtime.exceptions.ModelError) as refused:
+        runtime.invoke_endpoint_with_response_stream(
+            EndpointName="my-endpoint", Body=orjson.dumps({"items": [1], "fail_at": 0}), ContentType="application/json"
+        )
+    assert refused.value.response["OriginalStatusCode"] == 500
+
+
+def test_a_chunk_over_the_event_streams_payload_limit_is_split(streamer: None, servers: Any, aws: Any) -> None:
+    """A 16 MiB + 5 byte chunk reaches boto3 as a 16 MiB PayloadPart and a 5 byte one, then the next chunk."""
+    server = servers.start()
+    runtime = aws(server)
+    response = runtime.invoke_endpoint_with_response_stream(
+        EndpointName="e", Body=orjson.dumps({"blob": (16 << 20) + 5, "items": ["end"]}), ContentType="application/json"
+    )
+    assert response["ContentType"] == "application/octet-stream"
+    parts = [event["PayloadPart"]["Bytes"] for event in response["Body"]]
+    assert [len(part) for part in parts] == [16 << 20, 5, 3]
+    assert parts[0] == b"\x01" * (16 << 20)
+    assert parts[2] == b"end"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_stream_past_the_stream_timeout_is_cut(
+    backend: str, streamer: None, servers: Any, aws: Any, tmp_path: Path
+) -> None:
+    """--stream-timeout bounds the whole stream: a plain stream is cut short (the client sees an incomplete
+    chunked body), the event stream ends with a ModelStreamError saying so, and the generators are closed."""
+    server = servers.start("--server", backend, "--stream-timeout", "1")
+    done = tmp_path / "done"
+    response = post(server, "/invocations", {"items": list(range(20)), "pause": 0.2, "finally": str(done)})
+    assert response.readline() == b"0\n"
+    with pytest.raises(http.client.IncompleteRead):
+        response.read()
+    assert 3 <= int(wait_for(done)) < 20
+    runtime = aws(server)
+    stream = runtime.invoke_endpoint_with_response_stream(
+        EndpointName="e", Body=orjson.dumps({"items": list(range(20)), "pause": 0.2}), ContentType="application/json"
+    )
+    with pytest.raises(botocore.exceptions.EventStreamError) as caught, contextlib.closing(stream["Body"]):
+        list(stream["Body"])
+    assert caught.value.response["Error"]["Code"] == "ModelStreamError"
+    assert "stream timeout of 1 s" in caught.value.response["Error"]["Message"]
+
+
+def test_the_request_timeout_bounds_the_first_chunk(streamer: None, servers: Any) -> None:
+    """--timeout applies to the time to the first chunk: a generator whose first record takes longer is a 504."""
+    server = servers.start("--timeout", "1")
+    reply = server.request("POST", "/invocations", orjson.dumps({"items": [1], "pause": 3}), JSON)
+    assert reply.status == 504
+    assert server.request("POST", "/invocations", orjson.dumps({"items": [1, 2]}), JSON).body == b"1\n2\n"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sigterm_lets_an_open_stream_finish(backend: str, streamer: None, servers: Any, tmp_path: Path) -> None:
+    """A stream open when SIGTERM comes is in flight: new requests are refused while it goes on to its last
+    record, then the server exits."""
+    server = servers.start("--server", backend)
+    gate = tmp_path / "gate"
+    response = post(server, "/invocations", {"items": ["a", "b", "c"], "gate": str(gate)})
+    assert response.readline() == b'"a"\n'
+    os.kill(server.process.pid, signal.SIGTERM)
+    deadline = time.monotonic() + 10
+    while server.request("GET", "/ping").status != 503:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    gate.write_text("go")
+    assert response.read() == b'"b"\n"c"\n'
+    assert server.process.wait(20) == 0
+
+
+def test_a_model_of_a_multi_model_endpoint_streams(streamer: None, servers: Any, tmp_path: Path) -> None:
+    """POST /models/{name}/invoke streams like /invocations: server-sent events as they are made."""
+    (tmp_path / "m1").mkdir()
+    server = servers.start("--multi-model")
+    loaded = server.request("POST", "/models", orjson.dumps({"model_name": "m1", "url": str(tmp_path / "m1")}), JSON)
+    assert loaded.status == 200
+    gate = tmp_path / "gate"
+    response = post(
+        server, "/models/m1/invoke", {"items": ["x", "y"], "gate": str(gate)}, {"Accept": "text/event-stream"}
+    )
+    assert response.getheader("Content-Type") == "text/event-stream"
+    assert response.readline() == b"data: x\n"
+    gate.write_text("go")
+    assert response.read() == b"\ndata: y\n\n"
