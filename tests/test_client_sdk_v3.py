@@ -112,3 +112,60 @@ def test_sdk_v3_endpoint_invoke_against_a_local_server(
     assert results["same_json_text"]
     assert results["same_npy_bytes"]
     assert results["same_npy_array"]
+
+
+STREAMING_MODEL = """
+    import inference_server
+
+    @inference_server.plugin_hook
+    def predict_fn(data, model):
+        return (f"token {index}" for index in range(data["tokens"]))
+"""
+
+STREAMING_SCRIPT = """
+    import json
+    from sagemaker.core.resources import Endpoint
+    from inference_server import client
+
+    endpoint = Endpoint(endpoint_name="my-endpoint")
+    results = {}
+    try:  # the SDK's own method: sagemaker-core 2.27 fails on every event stream (its transform reads it as a dict)
+        answer = endpoint.invoke_with_response_stream(
+            body=b'{"tokens": 3}', content_type="application/json", accept="text/event-stream"
+        )
+        results["sdk"] = [event["PayloadPart"]["Bytes"].decode() for event in answer.body]
+    except AttributeError as exc:
+        results["sdk"] = str(exc)
+    events = client.StringDeserializer(accept="text/event-stream")
+    predictor = client.Predictor.for_endpoint(endpoint, client.JSONSerializer(), events)
+    results["ours"] = [event.data for event in predictor.predict_stream({"tokens": 3})]
+    print(json.dumps(results))
+"""
+
+
+def test_sdk_v3_endpoint_streams_through_our_predictor(
+    v3_python: tuple[Path, Path], servers: ServerFactory, tmp_path: Path
+) -> None:
+    """An SDK v3 Endpoint streams from a local server through Predictor.for_endpoint(endpoint).predict_stream; the
+    SDK's own invoke_with_response_stream either reads the same events or fails as sagemaker-core 2.27 does on any
+    event stream (its response transform calls .get on botocore's EventStream)."""
+    servers.plugin_site.add("tokens", STREAMING_MODEL)
+    server = servers.start()
+    python, site = v3_python
+    env = {**local_aws_env(f"http://127.0.0.1:{server.port}"), "HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    env["PYTHONPATH"] = str(site)
+    done = subprocess.run(
+        [str(python), "-c", textwrap.dedent(STREAMING_SCRIPT)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    results: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    assert results["ours"] == ["token 0", "token 1", "token 2"]
+    assert results["sdk"] in (
+        ["data: token 0\n\n", "data: token 1\n\n", "data: token 2\n\n"],
+        "'EventStream' object has no attribute 'get'",
+    )

@@ -20,6 +20,7 @@ import orjson
 import pytest
 import sseclient
 
+from inference_server import client
 from tests.conftest import local_aws_env
 
 JSON = {"Content-Type": "application/json"}
@@ -27,7 +28,8 @@ BACKENDS = ["granian", "gunicorn"]
 
 #: A model whose prediction is a generator: it yields ``items`` (waiting before the second for the file ``gate``
 #: when given, pausing ``pause`` s before each), raises at index ``fail_at``, yields ``blob`` bytes first when
-#: given, and writes how many items it made to the file ``finally`` when it is closed or ends.
+#: given, and writes how many items it made to the file ``finally`` when it is closed or ends. With ``raw``, its
+#: output_fn sends those strings as the chunks of a ``type`` body (records split across chunks as it likes).
 STREAMER = """
     import pathlib
     import time
@@ -40,6 +42,9 @@ STREAMER = """
 
     @inference_server.plugin_hook
     def predict_fn(data, model):
+        if "raw" in data:
+            return data
+
         def made():
             count = 0
             try:
@@ -59,6 +64,12 @@ STREAMER = """
                 if data.get("finally"):
                     pathlib.Path(data["finally"]).write_text(str(count))
         return made()
+
+    @inference_server.plugin_hook
+    def output_fn(prediction, accept):
+        if isinstance(prediction, dict):
+            return (chunk.encode() for chunk in prediction["raw"]), prediction["type"]
+        return None
 """
 
 
@@ -305,3 +316,35 @@ def test_a_model_of_a_multi_model_endpoint_streams(streamer: None, servers: Any,
     assert response.readline() == b"data: x\n"
     gate.write_text("go")
     assert response.read() == b"\ndata: y\n\n"
+
+
+@pytest.mark.parametrize("via", ["url", "boto3"])
+def test_predict_stream_reassembles_records_split_across_chunks(
+    via: str, streamer: None, servers: Any, aws: Any
+) -> None:
+    """Predictor.predict_stream yields whole records from JSON Lines and server-sent events that the server sent
+    split across chunks (and several in one chunk), from a container URL and through boto3; a model failing
+    mid-stream raises StreamError after the records made before."""
+    server = servers.start()
+    if via == "url":
+        predictor = client.Predictor(f"http://127.0.0.1:{server.port}", client.JSONSerializer())
+    else:
+        aws(server)
+        predictor = client.Predictor.for_endpoint("my-endpoint", client.JSONSerializer())
+    with predictor:
+        lines = ['{"a":', '1}\n{"b"', ':2}\n{"c":3}\n', '{"d":"\u00e9"}']
+        records = predictor.predict_stream({"raw": lines, "type": "application/jsonlines"})
+        assert list(records) == [{"a": 1}, {"b": 2}, {"c": 3}, {"d": "\u00e9"}]
+        sse = ["data: he", "llo\n\nda", "ta: two\ndata: lines\n\nevent: done\ndata: {}\n", "\n"]
+        events = list(predictor.predict_stream({"raw": sse, "type": "text/event-stream"}))
+        assert [(event.event, event.data) for event in events] == [
+            ("message", "hello"),
+            ("message", "two\nlines"),
+            ("done", "{}"),
+        ]
+        assert list(predictor.predict_stream({"items": ["x", {"y": 1}]})) == ["x", {"y": 1}]
+        received = []
+        with pytest.raises(client.StreamError) as caught:
+            received.extend(predictor.predict_stream({"items": [1, 2, 3], "fail_at": 2}))
+        assert received == [1, 2]
+        assert caught.value.code == ("IncompleteStream" if via == "url" else "ModelStreamError")

@@ -1,8 +1,9 @@
-"""The client side: SDK-compatible serializers and deserializers, and a Predictor.
+"""The client side: SDK-compatible serializers and deserializers, a Predictor, and decoders of streamed answers.
 
 The serializers and deserializers have the SageMaker Python SDK v2 interface, so they drop into
 ``sagemaker.Predictor``; they use the server's codecs, so client and server agree by construction.
-This package never imports the server.
+``Predictor.predict_stream`` reads a streamed answer (JSON Lines, server-sent events or raw chunks) as it arrives;
+the decoders it uses take chunks from any other client too. This package never imports the server.
 """
 
 from inference_server.client._deserializers import (
@@ -39,6 +40,16 @@ from inference_server.client._serializers import (
     StringSerializer,
     TorchTensorSerializer,
 )
+from inference_server.client._stream import (
+    JSONLinesDecoder,
+    JSONLinesError,
+    RawDecoder,
+    SSEDecoder,
+    StreamError,
+    decode_stream,
+    stream_decoder,
+)
+from inference_server.codecs.streams import ServerSentEvent
 from inference_server.errors import PredictionError
 
 __all__ = [
@@ -52,7 +63,9 @@ __all__ = [
     "DataSerializer",
     "IdentitySerializer",
     "JSONDeserializer",
+    "JSONLinesDecoder",
     "JSONLinesDeserializer",
+    "JSONLinesError",
     "JSONLinesSerializer",
     "JSONSerializer",
     "LibSVMSerializer",
@@ -63,14 +76,20 @@ __all__ = [
     "PandasDeserializer",
     "PredictionError",
     "Predictor",
+    "RawDecoder",
     "RecordDeserializer",
     "RecordSerializer",
+    "SSEDecoder",
+    "ServerSentEvent",
     "SimpleBaseDeserializer",
     "SimpleBaseSerializer",
     "SparseMatrixSerializer",
     "StreamDeserializer",
+    "StreamError",
     "StringDeserializer",
     "StringSerializer",
     "TorchTensorDeserializer",
     "TorchTensorSerializer",
+    "decode_stream",
+    "stream_decoder",
 ]

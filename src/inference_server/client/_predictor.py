@@ -6,7 +6,7 @@ import http.client
 import importlib
 import threading
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Generator, Iterator, Mapping
 from typing import Any, Protocol
 
 import numpy as np
@@ -14,6 +14,7 @@ import orjson
 
 from inference_server.client._deserializers import BaseDeserializer, Body, BytesDeserializer
 from inference_server.client._serializers import BaseSerializer, IdentitySerializer
+from inference_server.client._stream import StreamError, decode_stream
 from inference_server.errors import PredictionError
 
 #: Header names for the keys of SageMaker's InvokeEndpoint request.
@@ -25,11 +26,19 @@ _HEADERS = {
     "TargetModel": "X-Amzn-SageMaker-Target-Model",
 }
 _READ_BLOCK = 1 << 20
+#: The most one read of a streamed answer returns: whatever has arrived, up to this.
+_STREAM_BLOCK = 1 << 16
 
 
 class _Transport(Protocol):
     def invoke(self, body: bytes, args: dict[str, str]) -> tuple[str, Any]:
         """Send one request; return the response's content type and body (stream or Body), or raise."""
+        ...
+
+    def stream(self, body: bytes, args: dict[str, str]) -> tuple[str, Iterator[bytes]]:
+        """Send one request; return the response's content type and its body's chunks as they arrive, or raise.
+
+        Closing the chunks' iterator, or dropping it, ends the answer and frees its connection."""
         ...
 
 
@@ -96,6 +105,86 @@ class _HTTPTransport:
             )
         return response.getheader("Content-Type", ""), Body(data)
 
+    def stream(self, body: bytes, args: dict[str, str]) -> tuple[str, Iterator[bytes]]:
+        headers = {_HEADERS[key]: value for key, value in args.items() if key in _HEADERS}
+        connection, response = self._open(body, headers)
+        if response.status >= 300:
+            try:
+                data = response.read()
+            except BaseException:
+                connection.close()
+                raise
+            self._release(connection, response)
+            message, request_id = _message(data)
+            raise PredictionError(response.status, message, data, request_id or response.getheader("X-Request-Id"))
+        chunks = self._chunks(connection, response)
+        next(chunks)  # started, so that closing it or dropping it unread runs its finally: the connection closes
+        return response.getheader("Content-Type", ""), chunks
+
+    def _open(
+        self, body: bytes, headers: dict[str, str]
+    ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+        """Send the request on this thread's connection, taken for the stream's own until it ends (a predict
+        while streaming opens another); retried once on a new connection if the server had closed a kept-alive one."""
+        attempt = 1
+        while True:
+            reused = getattr(self._local, "connection", None) is not None
+            connection = self._connection()
+            self._local.connection = None
+            try:
+                return connection, _exchange(connection, self.path, body, headers)
+            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
+                connection.close()
+                if not reused or attempt == 2:
+                    raise
+            except BaseException:
+                connection.close()
+                raise
+            attempt += 1
+
+    def _release(self, connection: http.client.HTTPConnection, response: http.client.HTTPResponse) -> None:
+        """After an answer read to its end: keep the connection for the next request, unless either side closes."""
+        response.close()
+        if response.will_close or getattr(self._local, "connection", None) is not None:
+            connection.close()
+        else:
+            self._local.connection = connection
+
+    def _chunks(self, connection: http.client.HTTPConnection, response: http.client.HTTPResponse) -> Iterator[bytes]:
+        """The body's bytes as they arrive; an answer cut short raises :class:`StreamError`. Closed early (or on
+        any error), the connection is closed, so the server sees the client go; read to its end, it is kept."""
+        done = False
+        received = 0
+        try:
+            yield b""  # the priming step of stream()
+            while True:
+                try:
+                    chunk = response.read1(_STREAM_BLOCK)
+                except (http.client.IncompleteRead, ConnectionError) as exc:
+                    raise _ended_early(response.status, received, exc) from exc
+                if not chunk:
+                    break
+                received += len(chunk)
+                yield chunk
+            if response.length:  # read1 returns b"" when the connection closes short of Content-Length
+                raise _ended_early(response.status, received, None)
+            done = True
+        finally:
+            if done:
+                self._release(connection, response)
+            else:
+                response.close()
+                connection.close()
+
+
+def _ended_early(status: int, received: int, cause: BaseException | None) -> StreamError:
+    reason = f": {type(cause).__name__}" if cause is not None else ""
+    return StreamError(
+        "IncompleteStream",
+        f"the stream ended early: the connection closed before the end of the answer, after {received} bytes{reason}",
+        status,
+    )
+
 
 def _exchange(
     connection: http.client.HTTPConnection, path: str, body: bytes, headers: dict[str, str]
@@ -147,11 +236,54 @@ class _RuntimeTransport:
         try:
             response = self.client.invoke_endpoint(EndpointName=self.endpoint_name, Body=body, **args)
         except self.client.exceptions.ModelError as exc:
-            original = exc.response.get("OriginalMessage", "")
-            message, request_id = _message(original.encode())
-            status = int(exc.response.get("OriginalStatusCode", 424))
-            raise PredictionError(status, message, original.encode(), request_id) from None
+            raise _model_error(exc) from None
         return response.get("ContentType", ""), response["Body"]
+
+    def stream(self, body: bytes, args: dict[str, str]) -> tuple[str, Iterator[bytes]]:
+        # SageMaker's streaming call has no TargetModel (multi-model endpoints do not stream): boto3 refuses it
+        try:
+            response = self.client.invoke_endpoint_with_response_stream(
+                EndpointName=self.endpoint_name, Body=body, **args
+            )
+        except self.client.exceptions.ModelError as exc:
+            raise _model_error(exc) from None
+        status = int(response.get("ResponseMetadata", {}).get("HTTPStatusCode", 200))
+        parts = self._parts(response["Body"], status)
+        next(parts)  # started, so that closing it or dropping it unread runs its finally: the stream closes
+        return response.get("ContentType", ""), parts
+
+    @staticmethod
+    def _parts(events: Any, status: int) -> Iterator[bytes]:
+        """The ``PayloadPart`` bytes of an EventStream; its error events raise :class:`StreamError`."""
+        # botocore (and its urllib3) are there: they made the client
+        stream_error = importlib.import_module("botocore.exceptions").EventStreamError
+        cut_short = importlib.import_module("urllib3.exceptions").ProtocolError
+        received = 0
+        try:
+            yield b""  # the priming step of stream()
+            for event in events:
+                part = event.get("PayloadPart")
+                if part and part.get("Bytes"):
+                    received += len(part["Bytes"])
+                    yield part["Bytes"]
+        except stream_error as exc:
+            error = exc.response.get("Error", {})
+            code = error.get("Code") or "EventStreamError"
+            detail = exc.response.get("ErrorCode") or error.get("ErrorCode")
+            message = error.get("Message") or str(exc)
+            raise StreamError(code, f"{detail}: {message}" if detail else message, status) from None
+        except cut_short as exc:
+            raise _ended_early(status, received, exc) from exc
+        finally:
+            events.close()
+
+
+def _model_error(exc: Any) -> PredictionError:
+    """SageMaker's ModelError as the PredictionError of the model's own status and message."""
+    original = exc.response.get("OriginalMessage", "")
+    message, request_id = _message(original.encode())
+    status = int(exc.response.get("OriginalStatusCode", 424))
+    return PredictionError(status, message, original.encode(), request_id)
 
 
 class Predictor:
@@ -180,13 +312,17 @@ class Predictor:
     @classmethod
     def for_endpoint(
         cls,
-        endpoint_name: str,
+        endpoint_name: str | Any,
         serializer: BaseSerializer | Any = None,
         deserializer: BaseDeserializer | Any = None,
         *,
         client: Any = None,
     ) -> Predictor:
-        """A Predictor for a SageMaker endpoint; ``client`` defaults to ``boto3.client("sagemaker-runtime")``."""
+        """A Predictor for a SageMaker endpoint, by name or as the SageMaker SDK v3's ``Endpoint`` resource (whose own
+        ``invoke_with_response_stream`` fails in sagemaker-core 2.27: use :meth:`predict_stream` on this);
+        ``client`` defaults to ``boto3.client("sagemaker-runtime")``."""
+        if not isinstance(endpoint_name, str):
+            endpoint_name = endpoint_name.endpoint_name
         if client is None:
             try:
                 boto3 = importlib.import_module("boto3")
@@ -207,6 +343,40 @@ class Predictor:
         initial_args: Mapping[str, str] | None = None,
     ) -> Any:
         """Serialize ``data``, invoke the model and return the deserialized answer."""
+        args = self._args(custom_attributes, inference_id, target_model, initial_args)
+        content_type, body = self._transport.invoke(_request_body(self.serializer.serialize(data)), args)
+        return self.deserializer.deserialize(body, content_type)
+
+    def predict_stream(
+        self,
+        data: Any,
+        *,
+        custom_attributes: str | None = None,
+        inference_id: str | None = None,
+        target_model: str | None = None,
+        initial_args: Mapping[str, str] | None = None,
+    ) -> Generator[Any, None, None]:
+        """Serialize ``data``, invoke the model and yield its streamed answer's records as they arrive.
+
+        The request is sent, and an error status raised as :class:`PredictionError`, before this returns. The
+        records are chosen by the answer's Content-Type, not the deserializer (whose ``ACCEPT`` is sent as for
+        :meth:`predict`): JSON Lines values, :class:`ServerSentEvent` objects, or else the raw ``bytes`` chunks.
+        An answer cut short, or an endpoint's stream error, raises :class:`StreamError`. ``close()`` the iterator
+        (or drop it) to stop early: the connection is closed, so the server sees the client go. An endpoint is
+        invoked with InvokeEndpointWithResponseStream, which has no ``target_model``.
+        """
+        args = self._args(custom_attributes, inference_id, target_model, initial_args)
+        content_type, chunks = self._transport.stream(_request_body(self.serializer.serialize(data)), args)
+        return decode_stream(chunks, content_type)
+
+    def _args(
+        self,
+        custom_attributes: str | None,
+        inference_id: str | None,
+        target_model: str | None,
+        initial_args: Mapping[str, str] | None,
+    ) -> dict[str, str]:
+        """The InvokeEndpoint arguments beside the body (the HTTP transport sends them as headers)."""
         args = {"ContentType": self.serializer.CONTENT_TYPE, "Accept": ", ".join(self.deserializer.ACCEPT)}
         args.update(initial_args or {})
         for key, value in (
@@ -216,8 +386,7 @@ class Predictor:
         ):
             if value is not None:
                 args[key] = value
-        content_type, body = self._transport.invoke(_request_body(self.serializer.serialize(data)), args)
-        return self.deserializer.deserialize(body, content_type)
+        return args
 
     def close(self) -> None:
         """Close the kept-alive connection of this thread, if any."""

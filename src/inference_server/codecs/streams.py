@@ -6,7 +6,7 @@ returns an iterator of chunks to send as they come. The media types:
 - ``application/jsonlines``: one JSON document and ``\\n`` per record;
 - ``text/event-stream``: one server-sent event per record (the WHATWG HTML standard, "Server-sent events": each line
   of the data as a ``data:`` field, the event ended by a blank line); a ``str`` is the event's data as it is,
-  an :class:`Event` sets the other fields, anything else is sent as JSON;
+  a :class:`ServerSentEvent` sets the other fields, anything else is sent as JSON;
 - ``application/json``: one JSON array, ``[`` with the first record, ``,`` and each next one, then ``]``: a client that
   reads the whole body gets a valid document;
 - ``text/plain``: ``str`` records as UTF-8, as they are (tokens of text).
@@ -20,6 +20,8 @@ import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import orjson
+
 from inference_server.codecs import json
 
 JSON_LINES = "application/jsonlines"
@@ -31,21 +33,30 @@ TEXT = "text/plain"
 _LINES = re.compile(r"\r\n|\r|\n")
 
 
-@dataclasses.dataclass(frozen=True)
-class Event:
-    """One server-sent event, for a model that sets more than the data (``event`` type, ``id``, ``retry`` ms)."""
+@dataclasses.dataclass(frozen=True, slots=True)
+class ServerSentEvent:
+    """One server-sent event: what a model yields to set more than the data (its ``event`` type, ``id``, ``retry``
+    in ms), and what the client's decoder gives (there ``id`` and ``retry`` are the stream's last ones, which
+    persist from earlier events as the standard says)."""
 
     data: str
-    event: str = ""
+    event: str = "message"
     id: str = ""
     retry: int | None = None
 
+    def json(self) -> Any:
+        """``data`` parsed as JSON."""
+        return orjson.loads(self.data)
+
     def encode(self) -> bytes:
-        """The event as the standard frames it: fields, then a blank line."""
+        """The event as the standard frames it: fields, then a blank line (type ``message`` is the default)."""
         for name, value in (("event", self.event), ("id", self.id)):
             if _LINES.search(value) or (name == "id" and "\0" in value):
                 raise ValueError(f"a server-sent event's {name} cannot hold a line end or NUL: {value!r}")
-        fields = [f"event: {self.event}\n" if self.event else "", f"id: {self.id}\n" if self.id else ""]
+        fields = [
+            f"event: {self.event}\n" if self.event not in ("", "message") else "",
+            f"id: {self.id}\n" if self.id else "",
+        ]
         if self.retry is not None:
             fields.append(f"retry: {int(self.retry)}\n")
         fields.extend(f"data: {line}\n" for line in _LINES.split(self.data))
@@ -53,15 +64,15 @@ class Event:
 
 
 def event(record: Any, nan: str = "null") -> bytes:
-    """``record`` as one server-sent event: a ``str`` is the data itself, an :class:`Event` as it says, anything
-    else as JSON."""
-    if isinstance(record, Event):
+    """``record`` as one server-sent event: a ``str`` is the data itself, a :class:`ServerSentEvent` as it says,
+    anything else as JSON."""
+    if isinstance(record, ServerSentEvent):
         return record.encode()
     if isinstance(record, (bytes, bytearray, memoryview)):
         record = bytes(record).decode()
     if not isinstance(record, str):
         record = json.dumps(record, nan).decode()
-    return Event(record).encode()
+    return ServerSentEvent(record).encode()
 
 
 def json_line(record: Any, nan: str = "null") -> bytes:
