@@ -22,6 +22,7 @@ import sseclient
 
 from inference_server import client
 from tests.conftest import local_aws_env
+from tests.test_metrics import samples, total
 
 JSON = {"Content-Type": "application/json"}
 BACKENDS = ["granian", "gunicorn"]
@@ -348,3 +349,31 @@ def test_predict_stream_reassembles_records_split_across_chunks(
             received.extend(predictor.predict_stream({"items": [1, 2, 3], "fail_at": 2}))
         assert received == [1, 2]
         assert caught.value.code == ("IncompleteStream" if via == "url" else "ModelStreamError")
+
+
+def test_an_open_stream_is_in_flight_and_counted_with_what_it_sent_when_it_ends(
+    streamer: None, servers: Any, tmp_path: Path
+) -> None:
+    """While a stream is open it is a request in flight; once it ends it is counted, its response size being the
+    bytes it sent (there is no Content-Length to read it from)."""
+    server = servers.start()
+    gate = tmp_path / "gate"
+
+    def scrape() -> dict[Any, float]:
+        return samples(server.request("GET", "/metrics").body.decode())
+
+    def wait_until(condition: Any) -> dict[Any, float]:
+        deadline = time.monotonic() + 10
+        while not condition(scraped := scrape()):
+            assert time.monotonic() < deadline, scraped
+            time.sleep(0.05)
+        return scraped
+
+    response = post(server, "/invocations", {"items": ["a", "bc"], "gate": str(gate)})
+    assert response.readline() == b'"a"\n'
+    wait_until(lambda scraped: total(scraped, "inference_server_requests_in_flight") == 1)
+    gate.write_text("go")
+    assert response.read() == b'"bc"\n'
+    scraped = wait_until(lambda scraped: total(scraped, "inference_server_requests_total", route="/invocations") == 1)
+    assert total(scraped, "inference_server_response_body_bytes_sum", route="/invocations") == 9
+    assert total(scraped, "inference_server_requests_in_flight") == 0
