@@ -1,6 +1,7 @@
 """The examples' images from container/Dockerfile, built and run with podman as SageMaker runs them: ``IMAGE serve``,
-the model mounted read-only, ``SAGEMAKER_BIND_TO_PORT`` honoured, SIGTERM drained by inference-server as PID 1; and a
-multi-model image (``MULTI_MODEL=true``) serving SageMaker's /models API with its models under /opt/ml/models."""
+the model mounted read-only, ``SAGEMAKER_BIND_TO_PORT`` honoured, SIGTERM drained by inference-server as PID 1; a
+multi-model image (``MULTI_MODEL=true``) serving SageMaker's /models API with its models under /opt/ml/models; and the
+streaming example's image sending tokens as they are made, to an SSE client and to boto3's response stream."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ from typing import Any
 import boto3
 import orjson
 import pytest
+import sseclient
+import token_stream
 
 from tests.conftest import free_port, local_aws_env
 
@@ -26,6 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 BASE = "localhost/inference-server-test-base:bookworm"
 IMAGE = "localhost/inference-server-test:forecast"
 MULTI_MODEL_IMAGE = "localhost/inference-server-test:multi-model"
+STREAMING_IMAGE = "localhost/inference-server-test:streaming"
 #: SageMaker's label for an image that may serve a multi-model endpoint.
 MULTI_MODEL_LABEL = "com.amazonaws.sagemaker.capabilities.multi-models"
 #: The seed example's request and answer.
@@ -92,6 +96,12 @@ def image(base: str) -> str:
 def multi_model_image(base: str) -> str:
     """The multi-model example's image, labelled for multi-model endpoints by its build argument."""
     return build(base, "examples/multi_model", MULTI_MODEL_IMAGE, "--build-arg", "MULTI_MODEL=true")
+
+
+@pytest.fixture(scope="module")
+def streaming_image(base: str) -> str:
+    """The streaming example's image (the forecast's base and context: only its wheels and their install differ)."""
+    return build(base, "examples/streaming", STREAMING_IMAGE)
 
 
 def labels(image: str) -> dict[str, str]:
@@ -234,3 +244,63 @@ def test_the_multi_model_image_serves_sagemakers_model_api(
     status, body = container.request("POST", "/models/churn/invoke", b"[[1, 2, 3]]", JSON)
     assert (status, orjson.loads(body)) == (200, scores["churn"])
     assert container.stop() == 0
+
+
+def test_the_streaming_image_sends_tokens_as_they_are_made(
+    streaming_image: str, containers: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The streaming example's image, run as SageMaker runs it, sends /invocations' tokens as server-sent events
+    read by sseclient-py, the model's tokens in order; a client that reads the first event of 500 tokens and goes
+    away stops the model having made only some (so the first was sent before the last was made); boto3's
+    invoke_endpoint_with_response_stream reads the same tokens from the Runtime route; and it drains."""
+    container = containers(streaming_image)
+    container.wait_ready()
+    request = {"prompt": "I thought", "max_tokens": 8, "seed": 3, "delay_ms": 10}
+    model = token_stream.BigramModel.from_text(token_stream.CORPUS)  # the image's model: its directory is empty
+    tokens = list(model.generate(request["prompt"], request["max_tokens"], request["seed"]))
+    with stream(container, request, "text/event-stream") as response:
+        assert (response.status, response.getheader("Content-Type")) == (200, "text/event-stream")
+        events = sseclient.SSEClient(iter(lambda: response.read1(65536), b"")).events()
+        first = next(events).data
+        assert [first, *(event.data for event in events)] == tokens
+
+    with stream(container, {"prompt": "Call me", "max_tokens": 500, "delay_ms": 20}, "text/event-stream") as response:
+        assert response.readline().startswith(b"data: ")
+    made = _logged(container, "Made ", "of 500 tokens")
+    assert 1 <= int(made.split()[1]) < 500, made
+
+    for name, value in local_aws_env(f"http://127.0.0.1:{container.port}").items():
+        monkeypatch.setenv(name, value)
+    runtime = boto3.client("sagemaker-runtime")
+    answer = runtime.invoke_endpoint_with_response_stream(
+        EndpointName="token-stream", Body=orjson.dumps(request), ContentType="application/json"
+    )
+    assert answer["ContentType"] == "application/jsonlines"
+    lines = b"".join(event["PayloadPart"]["Bytes"] for event in answer["Body"]).splitlines()
+    assert [orjson.loads(line) for line in lines] == tokens
+    assert container.stop() == 0
+
+
+@contextlib.contextmanager
+def stream(container: Container, request: dict[str, Any], accept: str) -> Iterator[http.client.HTTPResponse]:
+    """POST ``request`` to the container's /invocations; the response, its body unread, until the block ends."""
+    connection = http.client.HTTPConnection("127.0.0.1", container.port, timeout=30)
+    try:
+        connection.request("POST", "/invocations", orjson.dumps(request), {**JSON, "Accept": accept})
+        yield connection.getresponse()
+    finally:
+        connection.close()
+
+
+def _logged(container: Container, start: str, end: str, deadline: float = 10) -> str:
+    """The first message of the container's log that starts with ``start`` and ends with ``end``, waiting for it."""
+    until = time.monotonic() + deadline
+    while True:
+        lines = [orjson.loads(line) for line in container.logs().splitlines() if line.startswith("{")]
+        messages = [line["message"] for line in lines]
+        found = [message for message in messages if message.startswith(start) and message.endswith(end)]
+        if found:
+            return found[0]
+        if time.monotonic() > until:
+            pytest.fail(f"no {start}...{end} in the log: {container.logs()[-3000:]}")
+        time.sleep(0.1)
