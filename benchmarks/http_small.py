@@ -125,23 +125,32 @@ def main() -> None:
             port = h.free_port()
             command = template.format(port=port).split()
             servers[name] = stack.enter_context(h.running(name, command, port, env, ready))
-            results[name] = {"invocations": [], "ping": []}
+            results[name] = {"invocations": [], "ping": [], "cpu_us": []}
         names = list(servers)
         for round_ in range(rounds):
             order = names[round_ % len(names) :] + names[: round_ % len(names)]
             for name in order:
                 port = servers[name].port
                 path = "/invocations" if not name.startswith("bare") else "/"
-                results[name]["invocations"].append(h.wrk(f"http://127.0.0.1:{port}{path}", seconds, 16, POST))
+                cpu = servers[name].cpu_seconds()
+                rate = h.wrk(f"http://127.0.0.1:{port}{path}", seconds, 16, POST)
+                results[name]["invocations"].append(rate)
+                results[name]["cpu_us"].append((servers[name].cpu_seconds() - cpu) / (rate * round(seconds)) * 1e6)
                 ping = "/ping" if not name.startswith("bare") else "/"
                 results[name]["ping"].append(h.wrk(f"http://127.0.0.1:{port}{ping}", seconds, 16))
     print(f"after: {h.load()}; medians of {rounds} round(s) of {seconds} s, min-max of the rounds in brackets")
     if args.observability:
         base = h.median(results["neither"]["invocations"])
+        base_cpu = h.median(results["neither"]["cpu_us"])
+        print("throughput, and the server's CPU time per request (user + system, all its processes)")
         for name, measured in results.items():
             invocations = h.median(measured["invocations"])
             spread = h.spread(measured["invocations"])
-            print(f"{name:<18} {invocations:>9.0f}/s ({spread}) {invocations / base - 1:+.1%} vs neither")
+            cpu = h.median(measured["cpu_us"])
+            print(
+                f"{name:<18} {invocations:>9.0f}/s ({spread}) {invocations / base - 1:+.1%} vs neither; "
+                f"{cpu:6.1f} us CPU ({h.spread(measured['cpu_us'])}) {cpu / base_cpu - 1:+.1%}"
+            )
         return
     legacy = h.median(results["1.3.3 gunicorn sync"]["invocations"])
     columns = (

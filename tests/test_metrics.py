@@ -406,7 +406,7 @@ def test_the_label_sets_remembered_stay_bounded_under_endless_model_names() -> N
     recorder.max_models = 1
     for index in range(metrics.MAX_KINDS + 500):
         recorder.ended((recorder.kind("/models/{name}/invoke", "POST", 200, f"m{index}"), 0.0, 0.001, 1.0, 1.0))
-    assert len(recorder._kinds) <= metrics.MAX_KINDS + 1
+    assert len(recorder.kinds) <= metrics.MAX_KINDS + 1
     assert len(recorder._kind_labels) == 2  # m0, and other
     recorder.flush()
     scraped = samples(generate_latest(recorder.families().registry).decode())

@@ -149,8 +149,9 @@ class Recorder:
         #: to ``decoded``, ``predict_fn`` to ``predicted`` (with micro-batching, its wait for the group
         #: included), ``output_fn`` to ``encoded``.
         self.timed = self._stages.extend
-        #: The number of each kind of request (its labels) seen, and the labels of each number.
-        self._kinds: dict[tuple[str, str, int, str], int] = {}
+        #: The number of each kind of request (route, method, status, model) seen (see :meth:`kind`), and the labels
+        #: of each number.
+        self.kinds: dict[tuple[str, str, int, str], int] = {}
         self._kind_labels: list[tuple[str, str, int, str]] = []
         #: One ``predict_fn`` call of the micro-batcher: ``batched((requests, rows, [seconds each request waited
         #: from its arrival in the queue to the call]))``.
@@ -216,7 +217,7 @@ class Recorder:
     def kind(self, route: str, method: str, status: int, model: str) -> int:
         """The number :attr:`ended` takes for a request with these labels (``model``: the name a multi-model endpoint
         invoked, "" otherwise); methods and models are bounded here (``other``), so their numbers are too."""
-        number = self._kinds.get((route, method, status, model))
+        number = self.kinds.get((route, method, status, model))
         if number is None:
             return self._new_kind(route, method, status, model)
         return number
@@ -224,12 +225,12 @@ class Recorder:
     def _new_kind(self, route: str, method: str, status: int, model: str) -> int:
         with self._flush_lock:
             bounded = (route, method if method in METHODS else OTHER, status, self._model_label(model))
-            number = self._kinds.get(bounded)
+            number = self.kinds.get(bounded)
             if number is None:
                 self._kind_labels.append(bounded)
-                number = self._kinds[bounded] = len(self._kind_labels) - 1
-            if len(self._kinds) < MAX_KINDS:  # else unknown methods and model names are bounded again each time
-                self._kinds[(route, method, status, model)] = number
+                number = self.kinds[bounded] = len(self._kind_labels) - 1
+            if len(self.kinds) < MAX_KINDS:  # else unknown methods and model names are bounded again each time
+                self.kinds[(route, method, status, model)] = number
             return number
 
     def _model_label(self, model: str) -> str:

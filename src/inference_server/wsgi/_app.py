@@ -111,7 +111,10 @@ class App:
         if self.recorder is not None:
             self.recorder.max_models = settings.metrics_max_models
         self._tracing = _tracing.create()
+        self._access_log = settings.access_log
         self._edge = self.recorder is not None or settings.access_log or self._tracing is not None
+        #: Whether the server can take requests (``/ping``, and the Open Inference Protocol's readiness).
+        self.health = sagemaker.Health(self)
         self.routes = Routes()
         for protocol in PROTOCOLS:
             protocol.register(self)
@@ -218,8 +221,11 @@ class App:
         route, method, status, started, received, sent, model = record
         recorder = self.recorder
         if recorder is not None:
-            recorder.ended((recorder.kind(route, method, status, model), started, ended, received, sent))
-        if self.settings.access_log:
+            number = recorder.kinds.get((route, method, status, model))  # (kind()'s lookup, without its call)
+            if number is None:
+                number = recorder.kind(route, method, status, model)
+            recorder.ended((number, started, ended, received, sent))
+        if self._access_log:
             _logging.access(
                 method=method,
                 path=environ.get("PATH_INFO") or "/",

@@ -31,28 +31,40 @@ def register(app: App) -> None:
     app.route("/openapi.json", handlers.openapi)
 
 
-class _Handlers:
+class Health:
+    """Whether the server can take requests: what ``/ping`` (and the Open Inference Protocol's readiness) say."""
+
     def __init__(self, app: App) -> None:
         self.app = app
         self._pings = _deadlines.Pool("ping")
 
+    def unready(self) -> str | None:
+        """Why the server cannot serve now (draining, the model failed to load, ``ping_fn`` said no or took longer
+        than PING_TIMEOUT), or None when it can. With several models the server is up with none loaded."""
+        worker = self.app.lifecycle.worker
+        if worker is not None and worker.draining:
+            return "the server is shutting down"
+        if self._pings.overrunning:
+            logger.warning("Ping: an earlier check has been running for over %s s; answering 503", PING_TIMEOUT)
+            return f"an earlier health check has been running for over {PING_TIMEOUT} s"
+        if self.app.settings.multi_model:
+            return None  # up: the models are loaded through /models, each on its own
+        deadline = time.monotonic() + PING_TIMEOUT
+        try:
+            return self._pings.run(self.app.pipeline.unhealthy, lambda: deadline)  # type: ignore[no-any-return]
+        except _deadlines.TimedOut:
+            logger.warning("Ping: the model check took longer than %s s; answering 503", PING_TIMEOUT)
+            return f"the health check (ping_fn) took longer than {PING_TIMEOUT} s"
+
+
+class _Handlers:
+    def __init__(self, app: App) -> None:
+        self.app = app
+
     def ping(self, request: Request) -> Reply:
         """200 with an empty body when the model is loaded, ``ping_fn`` says yes within PING_TIMEOUT and the server
         is not draining; else 503 saying which (see ``_unhealthy``)."""
-        worker = self.app.lifecycle.worker
-        if worker is not None and worker.draining:
-            return self._unhealthy(request, "the server is shutting down")
-        if self._pings.overrunning:
-            logger.warning("Ping: an earlier check has been running for over %s s; answering 503", PING_TIMEOUT)
-            return self._unhealthy(request, f"an earlier health check has been running for over {PING_TIMEOUT} s")
-        if self.app.settings.multi_model:
-            return 200, list(_EMPTY), []  # up: the models are loaded through /models, each on its own
-        deadline = time.monotonic() + PING_TIMEOUT
-        try:
-            reason = self._pings.run(self.app.pipeline.unhealthy, lambda: deadline)
-        except _deadlines.TimedOut:
-            logger.warning("Ping: the model check took longer than %s s; answering 503", PING_TIMEOUT)
-            reason = f"the health check (ping_fn) took longer than {PING_TIMEOUT} s"
+        reason = self.app.health.unready()
         if reason is not None:
             return self._unhealthy(request, reason)
         return 200, list(_EMPTY), []
