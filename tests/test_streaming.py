@@ -125,13 +125,16 @@ def aws(monkeypatch: pytest.MonkeyPatch) -> Any:
     return runtime
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(
+    ("backend", "stream_timeout"), [("granian", "600"), ("gunicorn", "600"), ("granian", "0"), ("gunicorn", "0")]
+)
 def test_a_generators_records_are_sent_as_they_are_made(
-    backend: str, streamer: None, servers: Any, tmp_path: Path
+    backend: str, stream_timeout: str, streamer: None, servers: Any, tmp_path: Path
 ) -> None:
     """The first JSON Lines record arrives while the generator waits for a file that the test writes only after
-    reading it; the rest follows, chunked, and the generator's finally runs at the end."""
-    server = servers.start("--server", backend)
+    reading it; the rest follows, chunked, and the generator's finally runs at the end (chunks made on a helper
+    thread under --stream-timeout, or on the server's own with --stream-timeout 0)."""
+    server = servers.start("--server", backend, "--stream-timeout", stream_timeout)
     gate, done = tmp_path / "gate", tmp_path / "done"
     items = [{"n": 0}, {"n": 1}, {"n": 2}]
     response = post(server, "/invocations", {"items": items, "gate": str(gate), "finally": str(done)})
