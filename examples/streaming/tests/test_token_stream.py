@@ -78,6 +78,7 @@ def test_a_closed_generator_logs_how_many_tokens_it_made(caplog: pytest.LogCaptu
     away), its finally logs that it made two of the tokens asked for."""
     model = token_stream.model_fn("/nonexistent")
     tokens = token_stream.predict_fn({"prompt": "I", "max_tokens": 100}, model)
+    caplog.clear()  # (model_fn's own line, when an earlier test set the level that lets it through)
     with caplog.at_level(logging.INFO, logger="token_stream"):
         assert [next(tokens), next(tokens)] == list(model.generate("I", 2))
         tokens.close()
