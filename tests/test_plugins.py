@@ -20,9 +20,9 @@ class Second:
         return "second"
 
 
-def test_the_seed_hooks_keep_their_signatures_and_three_are_new() -> None:
-    """The specs are the 1.x hooks, with 1.x argument names, the micro-batching hooks of 2.0, and model_unload_fn
-    for multi-model endpoints."""
+def test_the_seed_hooks_keep_their_signatures_and_four_are_new() -> None:
+    """The specs are the 1.x hooks, with 1.x argument names, the micro-batching hooks of 2.0, model_unload_fn for
+    multi-model endpoints and model_metadata for the Open Inference Protocol."""
     pm = _plugins.build_manager([])
     signatures = {name: getattr(pm.hook, name).spec.argnames for name in _plugins.HOOK_NAMES}
     assert signatures == {
@@ -37,6 +37,7 @@ def test_the_seed_hooks_keep_their_signatures_and_three_are_new() -> None:
         "batching": (),
         "predict_batch_fn": ("data", "model"),
         "model_unload_fn": ("model",),
+        "model_metadata": ("model",),
     }
 
 

@@ -87,5 +87,13 @@ class HookSpecs:
         """Release what ``model`` holds beyond Python's memory (GPU memory, files, threads) when a multi-model endpoint
         unloads it; every implementation runs. New in 2.0."""
 
+    @hookspec(firstresult=True)
+    def model_metadata(self, model: Any) -> dict[str, Any] | None:
+        """The model's signature for the Open Inference Protocol: ``{"inputs": [...], "outputs": [...]}``, each
+        tensor ``{"name", "datatype", "shape"}`` (``-1`` for a dimension of any size), as ``GET /v2/models/NAME``
+        shows it; requests whose inputs do not match are refused (400). ``None``: no signature, nothing checked.
+        New in 2.0."""
+        raise NotImplementedError
+
 
 HOOK_NAMES = tuple(name for name in vars(HookSpecs) if not name.startswith("_"))

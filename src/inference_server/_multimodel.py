@@ -184,23 +184,28 @@ class MultiModel:
     def target_model(self, target: str) -> Any:
         """The model of SageMaker Runtime's ``TargetModel`` under ``--model-root``, loaded on first use, making room
         by unloading the least recently used of those."""
-        if self.root is None:
-            raise BadRequest(
-                "this server has no --model-root, so it cannot load a TargetModel: start it with --model-root DIR "
-                "(DIR/<TargetModel> holds each model), or load models through POST /models"
-            )
         key = ("target", target)
         entry = self._store.entry(key)
         if entry is not None and entry.loaded:
             self._used[key] = time.monotonic()
             return entry.model
+        directory = self.root_directory(target, "a TargetModel")
+        return self._load(key, directory, make_room=True)
+
+    def root_directory(self, name: str, what: str) -> str:
+        """The directory of the model ``name`` under ``--model-root`` (a tarball unpacked first): :class:`NotFound`
+        if there is none, :class:`BadRequest` without ``--model-root`` (``what`` says what needed it)."""
+        if self.root is None:
+            raise BadRequest(
+                f"this server has no --model-root, so it cannot load {what}: start it with --model-root DIR "
+                "(DIR/<name> holds each model), or load models through POST /models"
+            )
         try:
-            directory = _archive.model_directory(self.root, target, self._unpacked())
+            return str(_archive.model_directory(self.root, name, self._unpacked()))
         except FileNotFoundError as exc:
             raise NotFound(str(exc)) from None
         except _archive.ArchiveError as exc:
             raise BadRequest(str(exc)) from None
-        return self._load(key, str(directory), make_room=True)
 
     def _unpacked(self) -> Path:
         if self._cache is None:

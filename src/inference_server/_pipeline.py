@@ -13,7 +13,7 @@ import io
 import logging
 import time
 from collections.abc import Callable, Hashable, Iterator
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import pluggy
 import werkzeug.exceptions
@@ -47,6 +47,26 @@ class Output(NamedTuple):
         if len(buffers) == 1 and type(buffers[0]) is bytes:  # the usual small answer: no memoryview needed
             return len(buffers[0])
         return sum(memoryview(buffer).nbytes for buffer in buffers)
+
+
+#: The stages of an invocation, as errors and spans name them.
+_HOOKS = ("input_fn", "predict_fn", "output_fn")
+
+
+class Framing(Protocol):
+    """A protocol's own framing of the body (the Open Inference Protocol's tensors), in place of ``input_fn`` and
+    ``output_fn`` for its requests: what ``predict_fn`` gets, and its answer."""
+
+    #: The stages' names for errors and spans: (decoding, "predict_fn", encoding).
+    stages: tuple[str, str, str]
+
+    def decode(self, body: codecs.Buffer, model: Any) -> Any:
+        """``predict_fn``'s input from the body (an :class:`HTTPError` for a bad body)."""
+        ...
+
+    def encode(self, prediction: Any) -> Output:
+        """The answer to the prediction."""
+        ...
 
 
 class Stream:
@@ -147,6 +167,11 @@ class Pipeline:
         self._timed = metrics.recorder.timed if settings.metrics else None
         self._tracing = _tracing.create()
 
+    @property
+    def limits(self) -> codecs.Limits:
+        """How much a request's decoding may build (from ``MaxPayloadInMB``), as the built-in ``input_fn`` has it."""
+        return self._defaults.limits
+
     def model(self) -> Any:
         """The loaded model (loading it now if needed); :class:`ModelLoadError` if ``model_fn`` failed."""
         # registering or unregistering a plugin of the manager replaces the model, as in 1.x
@@ -182,9 +207,11 @@ class Pipeline:
         model: Any,
         predict: Callable[[Any], Any] | None = None,
         streamed: bool = False,
+        framing: Framing | None = None,
     ) -> Output:
         """Run ``input_fn``, ``predict_fn`` (or ``predict``: a batcher's, which may run it with other inputs) and
-        ``output_fn`` on one body.
+        ``output_fn`` on one body; a protocol with a framing of its own (``framing``: the Open Inference Protocol's
+        tensors) decodes the body and encodes the prediction in place of ``input_fn`` and ``output_fn``.
 
         When ``output_fn`` gives an iterator of chunks (a streamed answer), the first chunk is made now; with
         ``streamed`` the rest is left in :attr:`Output.stream` for the caller to send as it is made (and close),
@@ -195,7 +222,7 @@ class Pipeline:
         raises becomes a :class:`HookError` naming the hook (a 500).
         """
         context = contextvars.copy_context()
-        output = context.run(self._invoke, body, content_type, accept, model, predict)
+        output = context.run(self._invoke, body, content_type, accept, model, predict, framing)
         if output.stream is None:
             return output
         stream = output.stream
@@ -219,20 +246,28 @@ class Pipeline:
         accept: str,
         model: Any,
         predict: Callable[[Any], Any] | None,
+        framing: Framing | None,
     ) -> Output:
         default_plugin.current.set((self._defaults, content_type))
         if self._tracing is not None:
-            return self._traced(self._tracing, body, content_type, accept, model, predict)
-        hook, data = "input_fn", None
+            return self._traced(self._tracing, body, content_type, accept, model, predict, framing)
+        hooks = _HOOKS if framing is None else framing.stages
+        hook, data = hooks[0], None
         try:
             started = time.perf_counter()
-            data = self._input_fn(input_data=body, content_type=content_type)
+            if framing is None:
+                data = self._input_fn(input_data=body, content_type=content_type)
+            else:
+                data = framing.decode(body, model)
             hook = "predict_fn"
             decoded = time.perf_counter()
             prediction = self._predict_fn(data=data, model=model) if predict is None else predict(data)
-            hook = "output_fn"
+            hook = hooks[2]
             predicted = time.perf_counter()
-            output = _output(self._output_fn(prediction=prediction, accept=parse_accept(accept)))
+            if framing is None:
+                output = _output(self._output_fn(prediction=prediction, accept=parse_accept(accept)))
+            else:
+                output = framing.encode(prediction)
             if self._timed is not None:
                 self._timed((started, decoded, predicted, time.perf_counter()))
             return output
@@ -249,21 +284,29 @@ class Pipeline:
         accept: str,
         model: Any,
         predict: Callable[[Any], Any] | None,
+        framing: Framing | None,
     ) -> Output:
         """:meth:`_invoke` with each hook in a span of its own (``--metrics`` counted too)."""
-        hook, data = "input_fn", None
+        hooks = _HOOKS if framing is None else framing.stages
+        hook, data = hooks[0], None
         try:
             started = time.perf_counter()
             with tracing.stage(hook):
-                data = self._input_fn(input_data=body, content_type=content_type)
+                if framing is None:
+                    data = self._input_fn(input_data=body, content_type=content_type)
+                else:
+                    data = framing.decode(body, model)
             hook = "predict_fn"
             decoded = time.perf_counter()
             with tracing.stage(hook):
                 prediction = self._predict_fn(data=data, model=model) if predict is None else predict(data)
-            hook = "output_fn"
+            hook = hooks[2]
             predicted = time.perf_counter()
             with tracing.stage(hook):
-                output = _output(self._output_fn(prediction=prediction, accept=parse_accept(accept)))
+                if framing is None:
+                    output = _output(self._output_fn(prediction=prediction, accept=parse_accept(accept)))
+                else:
+                    output = framing.encode(prediction)
             if self._timed is not None:
                 self._timed((started, decoded, predicted, time.perf_counter()))
             return output

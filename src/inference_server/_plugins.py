@@ -145,7 +145,7 @@ def call_model_fn(pm: pluggy.PluginManager, model_dir: str) -> Any:
     )
 
 
-def _providers(pm: pluggy.PluginManager, hook: str) -> list[str]:
+def providers(pm: pluggy.PluginManager, hook: str) -> list[str]:
     """The plugins implementing ``hook`` in the order pluggy calls them (the built-in defaults last)."""
     return [impl.plugin_name for impl in reversed(getattr(pm.hook, hook).get_hookimpls())]
 
@@ -173,7 +173,7 @@ def describe(pm: pluggy.PluginManager) -> list[str]:
     if not names:
         lines.append("plugins: none (the built-in hooks only)")
     for hook in HOOK_NAMES:
-        lines.append(f"hook {hook}: {', then '.join(_label(pm, name, hook) for name in _providers(pm, hook))}")
+        lines.append(f"hook {hook}: {', then '.join(_label(pm, name, hook) for name in providers(pm, hook))}")
     return lines
 
 
@@ -199,12 +199,12 @@ def written_for_1x(pm: pluggy.PluginManager) -> list[str]:
 def problems(pm: pluggy.PluginManager) -> list[str]:
     """Mistakes in the plugin set that would otherwise serve a wrong answer silently, one warning each."""
     warnings = []
-    if _providers(pm, "model_fn") == [DEFAULTS_NAME]:
+    if providers(pm, "model_fn") == [DEFAULTS_NAME]:
         warnings.append("serving the built-in echo model: no installed plugin implements model_fn")
     for name, plugin in pm.list_name_plugin():
         if name == DEFAULTS_NAME or plugin is None:
             continue
-        implemented = {hook for hook in HOOK_NAMES if name in _providers(pm, hook)}
+        implemented = {hook for hook in HOOK_NAMES if name in providers(pm, hook)}
         if implemented:
             continue
         unmarked = [hook for hook in HOOK_NAMES if callable(getattr(plugin, hook, None))]
@@ -212,11 +212,11 @@ def problems(pm: pluggy.PluginManager) -> list[str]:
         hint = f"; {', '.join(unmarked)} {looks} the @inference_server.plugin_hook decorator" if unmarked else ""
         warnings.append(f"plugin {name!r} implements no hook{hint}")
     for hook in REQUEST_HOOKS:
-        providers = [name for name in _providers(pm, hook) if name != DEFAULTS_NAME]
-        if len(providers) > 1:
+        ours = [name for name in providers(pm, hook) if name != DEFAULTS_NAME]
+        if len(ours) > 1:
             warnings.append(
-                f"{hook} is implemented by {len(providers)} plugins: {providers[0]!r} runs first and wins whenever "
-                f"it returns something other than None; then {', '.join(repr(name) for name in providers[1:])}"
+                f"{hook} is implemented by {len(ours)} plugins: {ours[0]!r} runs first and wins whenever "
+                f"it returns something other than None; then {', '.join(repr(name) for name in ours[1:])}"
             )
     return warnings
 

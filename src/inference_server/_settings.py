@@ -428,6 +428,24 @@ class Settings:
         _integer(1),
         "distinct values of the metrics' model label per worker (multi-model); further models count as other",
     )
+    #: The Open Inference Protocol (KServe v2, Triton's REST API) under ``/v2``.
+    v2: bool = _variable(
+        True,
+        "INFERENCE_SERVER_V2",
+        _boolean,
+        "serve the Open Inference Protocol (KServe v2, Triton's REST API with binary tensors) under /v2, over the "
+        "same hooks",
+        default_text="on",
+        flag=True,
+    )
+    #: The model's name on the Open Inference Protocol's routes (one model).
+    model_name: str | None = _variable(
+        None,
+        "INFERENCE_SERVER_MODEL_NAME",
+        str,
+        "the model's name in /v2/models/NAME (one model; with --multi-model each model has its own)",
+        default_text="the name of the plugin that implements predict_fn or model_fn, else model",
+    )
     #: Put a failing hook's exception message and traceback in its 500 answer (they may hold request data).
     debug: bool = _variable(
         False,

@@ -139,6 +139,12 @@ def model_unload_fn(model: Any) -> None:
 
 
 @plugin_hook(trylast=True)
+def model_metadata(model: Any) -> dict[str, Any] | None:
+    """No signature: the Open Inference Protocol's metadata lists no tensors, and requests are not checked."""
+    return None
+
+
+@plugin_hook(trylast=True)
 def ping_fn(model: Any) -> bool:
     """Healthy once the model is loaded."""
     return True

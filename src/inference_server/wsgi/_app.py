@@ -20,7 +20,7 @@ from inference_server import _logging, _plugins, _tracing, batching, codecs, met
 from inference_server._pipeline import Pipeline
 from inference_server._settings import Settings
 from inference_server.errors import BadRequest, URITooLong
-from inference_server.wsgi import models, prometheus, runtime, sagemaker
+from inference_server.wsgi import models, prometheus, runtime, sagemaker, v2
 from inference_server.wsgi._body import BODY_BYTES
 from inference_server.wsgi._invoke import MODEL, Backend, Lifecycle, Target, WorkerState, target_model
 from inference_server.wsgi._replies import STATUS_LINES, Body, Handler, Reply, Request, close, error_for
@@ -37,7 +37,7 @@ CUSTOM_ATTRIBUTES = "X-Amzn-SageMaker-Custom-Attributes"
 #: Bytes of path and query string a request may have (414 beyond).
 MAX_URL_BYTES = 8192
 #: The protocols every app serves, each a module with ``register(app)``.
-PROTOCOLS = (sagemaker, runtime, models, prometheus)
+PROTOCOLS = (sagemaker, runtime, models, v2, prometheus)
 INFERENCE_ID = "HTTP_X_AMZN_SAGEMAKER_INFERENCE_ID"
 #: The environ key under which the app notes the route (pattern) a request matched.
 ROUTE = "inference_server.route"

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 from inference_server import _deadlines, batching, codecs, metrics
-from inference_server._pipeline import Pipeline, Stream
+from inference_server._pipeline import Framing, Pipeline, Stream
 from inference_server._settings import Settings
 from inference_server.errors import GatewayTimeout, HookError, RequestTimeout, ServiceUnavailable
 from inference_server.wsgi._body import read_body
@@ -125,17 +125,18 @@ class Lifecycle:
         self._helpers = _deadlines.Pool("request")
         self._told_no_content_type = False
 
-    def invoke(self, request: Request, target: Target) -> Reply:
+    def invoke(self, request: Request, target: Target, framing: Framing | None = None) -> Reply:
         """Answer one invocation of ``target`` with the request's body, ``Content-Type`` and ``Accept``: 200 and the
-        encoded prediction, or an exception for the app to answer (503 while draining, 408, 504, the hooks' own)."""
+        encoded prediction, or an exception for the app to answer (503 while draining, 408, 504, the hooks' own).
+        A protocol's ``framing`` decodes the body and encodes the answer in place of ``input_fn`` and ``output_fn``."""
         worker = self.worker
         if worker is None:
-            return self._bounded(request, target)
+            return self._bounded(request, target, framing)
         worker.enter()
         try:
             if worker.draining and not self._arrived_before(worker.draining_since, request.environ):
                 raise ServiceUnavailable("the server is shutting down; send the request again")
-            status, headers, body = self._bounded(request, target)
+            status, headers, body = self._bounded(request, target, framing)
         except BaseException:
             worker.leave()
             raise
@@ -148,11 +149,11 @@ class Lifecycle:
         arrived = arrival(environ) if arrival is not None else None
         return arrived is not None and arrived < moment
 
-    def _bounded(self, request: Request, target: Target) -> Reply:
+    def _bounded(self, request: Request, target: Target, framing: Framing | None) -> Reply:
         """Invoke on a helper thread and answer 408 or 504 if it overruns ``--read-timeout`` or ``--timeout``."""
         start = time.monotonic()
         if self._timeout is None:
-            return self._invoke(request, target, None, start)
+            return self._invoke(request, target, None, start, framing)
         environ = request.environ
         body = None
         if self.backend.read_on_server_thread:
@@ -168,7 +169,7 @@ class Lifecycle:
 
         try:
             return self._helpers.run(  # type: ignore[no-any-return]
-                functools.partial(self._invoke, request, target, call, start, body), current_deadline
+                functools.partial(self._invoke, request, target, call, start, framing, body), current_deadline
             )
         except _deadlines.TimedOut as exc:
             stage = call.cancel()
@@ -197,6 +198,7 @@ class Lifecycle:
         target: Target,
         call: _deadlines.Call | None,
         start: float,
+        framing: Framing | None,
         body: bytearray | None = None,
     ) -> Reply:
         environ = request.environ
@@ -207,14 +209,14 @@ class Lifecycle:
         content_type = environ.get("CONTENT_TYPE") or self._no_content_type()
         accept = environ.get("HTTP_ACCEPT") or "*/*"
         if target.batcher is not None:
-            output = _batched(pipeline, target.batcher, body, content_type, accept, model, call)
+            output = _batched(pipeline, target.batcher, body, content_type, accept, model, call, framing)
         elif call is None:
             with self._model_slots:
-                output = pipeline.invoke(body, content_type, accept, model, streamed=True)
+                output = pipeline.invoke(body, content_type, accept, model, streamed=True, framing=framing)
         else:
             call.take_slot(self._model_slots)
             try:
-                output = pipeline.invoke(body, content_type, accept, model, streamed=True)
+                output = pipeline.invoke(body, content_type, accept, model, streamed=True, framing=framing)
             finally:
                 call.give_back()
         if output.stream is not None:
@@ -245,6 +247,7 @@ def _batched(
     accept: str,
     model: Any,
     call: _deadlines.Call | None,
+    framing: Framing | None,
 ) -> Any:
     """The hooks with ``predict_fn`` run by the batcher: ``input_fn`` and ``output_fn`` on this thread."""
     batcher.coming()
@@ -256,7 +259,7 @@ def _batched(
         return batcher.predict(data, model, call, coming=True)
 
     try:
-        return pipeline.invoke(body, content_type, accept, model, predict, streamed=True)
+        return pipeline.invoke(body, content_type, accept, model, predict, streamed=True, framing=framing)
     finally:
         if not sent:
             batcher.gone()

@@ -1,0 +1,269 @@
+"""The Open Inference Protocol (KServe's "v2" REST API, Triton's HTTP API) over the same hooks, with Triton's binary
+tensor data extension and its model repository extension.
+
+Followed as written in kserve/open-inference-protocol ``specification/protocol/inference_rest.md`` (health, server
+and model metadata, inference; errors as ``{"error": "..."}``) and triton-inference-server/server
+``docs/protocol/extension_binary_data.md`` and ``extension_model_repository.md``:
+
+- ``GET /v2/health/live``, ``GET /v2/health/ready`` (ready is ``/ping``'s answer: the model loaded, ``ping_fn``,
+  not draining), ``GET /v2`` (server metadata and extensions);
+- ``GET /v2/models/{name}[/versions/{version}]`` (the model's tensors, from the ``model_metadata`` hook),
+  ``.../ready``, ``POST .../infer``: the request's tensors reach ``predict_fn`` as a ``dict`` of arrays (binary
+  tensors as views on the body: :mod:`inference_server.codecs.v2`) through the same lifecycle as ``/invocations``
+  (deadline, drain, model slot, micro-batching, metrics), and its prediction goes back as output tensors;
+- with several models (``--multi-model``): every loaded model by its name, and ``POST /v2/repository/index``,
+  ``POST /v2/repository/models/{name}/load`` (from ``--model-root``) and ``.../unload`` over the same registry as
+  SageMaker's ``/models`` API.
+
+There are no model versions: a version in the path is accepted and ignored, and none is reported.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+import inference_server
+from inference_server import _plugins
+from inference_server._pipeline import Output
+from inference_server.codecs import v2
+from inference_server.errors import BadRequest, NotFound, ServiceUnavailable
+from inference_server.wsgi._body import read_body
+from inference_server.wsgi._invoke import MODEL, Target
+from inference_server.wsgi._replies import Reply, Request, close, error_for, json_reply
+
+if TYPE_CHECKING:
+    from inference_server._multimodel import MultiModel
+    from inference_server.wsgi._app import App
+
+logger = logging.getLogger("inference_server")
+
+#: What ``GET /v2`` says this server implements beyond the core protocol (the repository with several models).
+EXTENSIONS = ("binary_tensor_data",)
+REPOSITORY = "model_repository"
+#: The largest body of a repository request read.
+_MAX_REPOSITORY_BODY = 1 << 16
+
+
+def register(app: App) -> None:
+    """Add the protocol's routes to ``app`` (unless ``--no-v2``)."""
+    if not app.settings.v2:
+        return
+    handlers = _Handlers(app)
+    route = functools.partial(_route, app)
+    route("/v2", handlers.server_metadata)
+    route("/v2/health/live", handlers.live)
+    route("/v2/health/ready", handlers.ready)
+    for base in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):
+        route(base, handlers.model_metadata)
+        route(f"{base}/ready", handlers.model_ready)
+        route(f"{base}/infer", handlers.infer, "POST")
+    if handlers.models is not None:
+        route("/v2/repository/index", handlers.index, "POST")
+        route("/v2/repository/models/{name}/load", handlers.load, "POST")
+        route("/v2/repository/models/{name}/unload", handlers.unload, "POST")
+
+
+def _route(app: App, path: str, handler: Callable[[Request], Reply], method: str = "GET") -> None:
+    """Add a route whose errors are answered as the protocol says: ``{"error": "..."}``."""
+    app.route(path, functools.partial(_answered, app, handler), method)
+
+
+def _answered(app: App, handler: Callable[[Request], Reply], request: Request) -> Reply:
+    try:
+        return handler(request)
+    except Exception as exc:  # (HTTP errors keep their status)
+        status, headers, body = error_for(exc, request.request_id, request.environ, app.settings.debug)
+    message = orjson.loads(b"".join(bytes(chunk) for chunk in body)).get("message", "")
+    close(body)
+    kept = [(name, value) for name, value in headers if name not in ("Content-Type", "Content-Length")]
+    return json_reply(status, {"error": message}, kept)
+
+
+def model_name(app: App) -> str:
+    """The one model's name: ``--model-name``, else the plugin that implements ``predict_fn`` or ``model_fn`` (a
+    script by its file's name), else ``model``."""
+    if app.settings.model_name:
+        return app.settings.model_name
+    if app.pipeline.script is not None:
+        return os.path.splitext(os.path.basename(app.pipeline.script))[0]
+    for hook in ("predict_fn", "model_fn"):
+        for name in _plugins.providers(app.pm, hook):
+            if name != _plugins.DEFAULTS_NAME:
+                return name
+    return "model"
+
+
+class _Handlers:
+    def __init__(self, app: App) -> None:
+        self.app = app
+        #: The models of a multi-model endpoint, by name; else None (one model, :attr:`name`).
+        self.models: MultiModel | None = app.multi_model if app.settings.multi_model else None
+        self.name = model_name(app)
+        self._targets: dict[str, Target] = {}
+
+    # -- health and metadata -------------------------------------------------------------------------------------
+    def server_metadata(self, request: Request) -> Reply:
+        extensions = [*EXTENSIONS, *([REPOSITORY] if self.models is not None else [])]
+        return json_reply(
+            200, {"name": "inference-server", "version": inference_server.__version__, "extensions": extensions}
+        )
+
+    def live(self, request: Request) -> Reply:
+        return json_reply(200, {"live": True})
+
+    def ready(self, request: Request) -> Reply:
+        reason = self.app.health.unready()
+        if reason is not None:
+            raise ServiceUnavailable(reason)
+        return json_reply(200, {"ready": True})
+
+    def model_ready(self, request: Request) -> Reply:
+        self._model(request)
+        reason = self.app.health.unready()
+        if reason is not None:
+            raise ServiceUnavailable(reason)
+        return json_reply(200, {"name": request.params["name"], "ready": True})
+
+    def model_metadata(self, request: Request) -> Reply:
+        name = request.params["name"]
+        metadata = _signature(self.app, self._model(request))
+        return json_reply(
+            200,
+            {
+                "name": name,
+                "platform": "inference-server",
+                "inputs": metadata.get("inputs", []),
+                "outputs": metadata.get("outputs", []),
+            },
+        )
+
+    def _model(self, request: Request) -> Any:
+        """The model the path names (loaded; 404 for another name, 503 if it failed to load)."""
+        return self._target(request).model()
+
+    def _target(self, request: Request) -> Target:
+        name = request.params["name"]
+        if self.models is None:
+            if name != self.name:
+                raise NotFound(f"no model named {name!r}: this server serves {self.name!r}")
+            return self.app.target
+        request.environ[MODEL] = name
+        target = self._targets.get(name)
+        if target is None:
+            target = Target(self.app.pipeline, functools.partial(self.models.model, name))
+            if len(self._targets) < 10_000:
+                self._targets[name] = target
+        return target
+
+    # -- inference -----------------------------------------------------------------------------------------------
+    def infer(self, request: Request) -> Reply:
+        target = self._target(request)
+        framing = Framing(self.app, request.params["name"], request.environ)
+        return self.app.lifecycle.invoke(request, target, framing)
+
+    # -- the model repository ------------------------------------------------------------------------------------
+    def index(self, request: Request) -> Reply:
+        assert self.models is not None
+        fields = self._fields(request)
+        ready_only = fields.get("ready", False) is True
+        loaded = {entry["modelName"] for entry in self.models.listing(None, str(1 << 30))["models"]}
+        entries = [{"name": name, "state": "READY"} for name in sorted(loaded)]
+        if not ready_only and self.models.root is not None:
+            for name in sorted(os.listdir(self.models.root)):
+                if name not in loaded and not name.startswith("."):
+                    entries.append({"name": name, "state": "UNAVAILABLE", "reason": "unloaded"})
+        return json_reply(200, entries)
+
+    def load(self, request: Request) -> Reply:
+        assert self.models is not None
+        self._fields(request)
+        name = request.params["name"]
+        directory = self.models.root_directory(name, "a model of the repository")
+        self.models.load(name, directory)
+        return json_reply(200, {})
+
+    def unload(self, request: Request) -> Reply:
+        assert self.models is not None
+        self._fields(request)
+        name = request.params["name"]
+        self.models.unload(name)
+        self._targets.pop(name, None)
+        return json_reply(200, {})
+
+    @staticmethod
+    def _fields(request: Request) -> dict[str, Any]:
+        body = read_body(request.environ, _MAX_REPOSITORY_BODY)
+        if not body.strip():
+            return {}
+        try:
+            fields = orjson.loads(body)
+        except orjson.JSONDecodeError as exc:
+            raise BadRequest(f"the body is not JSON: {exc}") from None
+        if not isinstance(fields, dict):
+            raise BadRequest("the body must be a JSON object")
+        return fields
+
+
+class Framing:
+    """A v2 inference request's tensors as ``predict_fn``'s input (a ``dict`` of arrays by input name) and its
+    prediction as output tensors (see :mod:`inference_server.codecs.v2`), checked against the ``model_metadata``
+    hook's signature when the model has one."""
+
+    stages = ("decoding the v2 request", "predict_fn", "encoding the v2 response")
+
+    def __init__(self, app: App, name: str, environ: Any) -> None:
+        self._app = app
+        self._name = name
+        self._environ = environ
+        self._request: v2.InferenceRequest | None = None
+        self._signature: dict[str, Any] = {}
+
+    def decode(self, body: Any, model: Any) -> dict[str, Any]:
+        header_length = v2.parse_header_length(self._environ.get("HTTP_INFERENCE_HEADER_CONTENT_LENGTH"))
+        request = v2.decode_request(body, header_length, self._app.pipeline.limits)
+        self._signature = _signature(self._app, model)
+        _check_inputs(self._signature.get("inputs"), request)
+        self._request = request
+        return request.inputs
+
+    def encode(self, prediction: Any) -> Output:
+        assert self._request is not None
+        declared = {tensor["name"]: tensor["datatype"] for tensor in self._signature.get("outputs", [])}
+        encoded = v2.respond(self._name, self._request, prediction, declared)
+        headers = [] if encoded.header_length is None else [(v2.HEADER_LENGTH, str(encoded.header_length))]
+        return Output(encoded.body, encoded.content_type, headers)
+
+
+def _check_inputs(declared: list[dict[str, Any]] | None, request: v2.InferenceRequest) -> None:
+    """400 unless the request's inputs are the signature's: the same names, datatypes and shapes (``-1``: any)."""
+    if not declared:
+        return
+    expected = {tensor["name"]: tensor for tensor in declared}
+    for name in request.inputs:
+        if name not in expected:
+            raise BadRequest(f"input {name!r} is not one of the model's inputs: {', '.join(map(repr, expected))}")
+    for name, tensor in expected.items():
+        if name not in request.inputs:
+            raise BadRequest(f"input {name!r} is missing: the model takes {', '.join(map(repr, expected))}")
+        if request.datatypes[name] != tensor["datatype"]:
+            raise BadRequest(f"input {name!r} is {request.datatypes[name]}, but the model takes {tensor['datatype']}")
+        shape = tuple(request.inputs[name].shape)
+        wanted = tuple(tensor["shape"])
+        if len(shape) != len(wanted) or any(want not in (-1, got) for want, got in zip(wanted, shape, strict=True)):
+            raise BadRequest(f"input {name!r} has shape {list(shape)}, but the model takes {list(wanted)}")
+
+
+def _signature(app: App, model: Any) -> dict[str, Any]:
+    """The ``model_metadata`` hook's answer for ``model`` (checked), or no tensors."""
+    metadata = app.pm.hook.model_metadata(model=model)
+    if metadata is None:
+        return {}
+    if not isinstance(metadata, dict):
+        raise TypeError(f"model_metadata must return a dict or None, not {type(metadata).__name__}")
+    return metadata
