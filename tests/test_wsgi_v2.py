@@ -380,3 +380,17 @@ def test_the_repository_extension_loads_and_unloads_over_the_multi_model_registr
     with pytest.raises(triton.InferenceServerException) as missing:
         client.load_model("gamma")
     assert missing.value.status() == "404"
+
+
+def test_the_model_is_named_by_its_plugin_or_model_name_and_no_v2_turns_the_routes_off(servers: Any) -> None:
+    """The one model is named after its plugin unless --model-name says otherwise (another name is a 404 naming
+    the served one); with --no-v2 there is no /v2 at all, and /invocations still answers."""
+    servers.plugin_site.add("echo_model", ECHO)
+    named = servers.start("--model-name", "forecast")
+    assert connect(named).is_model_ready("forecast")
+    status, answer = raw(named, "/v2/models/echo_model/infer", json_request())
+    assert status == 404
+    assert "'forecast'" in answer["error"]
+    off = servers.start("--no-v2")
+    assert off.request("GET", "/v2/health/ready").status == 404
+    assert off.request("POST", "/invocations", b"[1]", {"Content-Type": "application/json"}).status == 200

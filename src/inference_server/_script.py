@@ -8,7 +8,8 @@ calls them:
   ``predict_fn(data, model[, context])``, ``output_fn(prediction, accept[, context])``, or
   ``transform_fn(model, input_data, content_type, accept[, context])`` instead of the last three (not both);
   ``pre_model_fn(model_dir[, context])`` before ``model_fn`` and ``model_warmup_fn(model_dir, model[, context])``
-  after it, when defined;
+  after it, when defined; and inference-server's ``model_metadata(model)`` (the Open Inference Protocol's signature),
+  when defined;
 - JSON and CSV bodies reach ``input_fn`` and ``transform_fn`` as ``str`` (UTF-8), other bodies as ``bytes``;
   ``accept`` is the request's ``Accept``, or ``SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT`` (else ``application/json``)
   when it is missing or ``*/*``;
@@ -48,7 +49,16 @@ logger = logging.getLogger("inference_server")
 
 #: The bodies the toolkit hands to the script as text.
 TEXT_TYPES = ("application/json", "text/csv")
-FUNCTIONS = ("model_fn", "input_fn", "predict_fn", "output_fn", "transform_fn", "pre_model_fn", "model_warmup_fn")
+FUNCTIONS = (
+    "model_fn",
+    "input_fn",
+    "predict_fn",
+    "output_fn",
+    "transform_fn",
+    "pre_model_fn",
+    "model_warmup_fn",
+    "model_metadata",
+)
 _lock = threading.Lock()
 
 
@@ -223,7 +233,7 @@ class ScriptPlugin:
         if "model_fn" not in functions:
             raise PluginError(f"{where} defines no model_fn: define model_fn(model_dir) to load the model")
         arity = {"model_fn": 1, "input_fn": 2, "predict_fn": 2, "output_fn": 2, "transform_fn": 4}
-        arity |= {"pre_model_fn": 1, "model_warmup_fn": 2}
+        arity |= {"pre_model_fn": 1, "model_warmup_fn": 2, "model_metadata": 1}
         self.context = {name: _takes_context(function, arity[name]) for name, function in functions.items()}
         self.functions = functions
         self.default_accept = (
@@ -239,6 +249,8 @@ class ScriptPlugin:
             self.predict_fn = plugin_hook(lambda data, model: self._predict_fn(data, model))
         if functions.keys() & {"output_fn", "transform_fn"}:
             self.output_fn = plugin_hook(lambda prediction, accept: self._output_fn(prediction, accept))
+        if "model_metadata" in functions:
+            self.model_metadata = plugin_hook(lambda model: self._call("model_metadata", model))
 
     def _call(self, name: str, *args: Any, context: Context | None = None) -> Any:
         if self.context[name]:
