@@ -1,0 +1,339 @@
+"""The Open Inference Protocol (v2): the seed array echoed as binary tensors, as JSON tensors and as ``.npy``, by ours
+and by MLServer.
+
+The seed array, ``np.random.default_rng(0).standard_normal((10000, 3, 4))`` float64 (960 KB), goes through an echo
+model, one worker per server:
+
+- ours (``--workers 1``, ``--server`` granian by default) on ``/invocations``, ``.npy`` both ways (the client writes
+  the body with ``np.save`` and reads the answer with ``np.load``, over ``http.client``); on
+  ``/v2/models/bench_echo/infer`` with binary tensors both ways and with JSON tensors both ways (the client is
+  ``tritonclient.http``: ``InferInput.set_data_from_numpy(binary_data=...)``, ``InferRequestedOutput(binary_data=...)``,
+  ``InferenceServerClient.infer``, ``InferResult.as_numpy``). The model is a plugin whose ``predict_fn`` returns its
+  input (a dict of arrays on v2, an array from the built-in ``.npy`` codec on ``/invocations``).
+- MLServer (PyPI, in ``benchmarks/.venv-mlserver``, made on first use) with the same echo as a custom runtime, an
+  ``MLModel`` whose ``predict`` decodes each input with ``NumpyCodec`` and encodes it back as an output, through the
+  same tritonclient calls. Its REST server does not implement Triton's binary tensor extension (it answers 422): the
+  script tries binary first and, when it is refused, measures JSON tensors and says so. Its inference pool
+  (``parallel_workers: 1``, its default) is tried first; when it fails to start (with uvloop 0.23 its worker process
+  dies in ``asyncio.get_event_loop()``), MLServer runs with ``parallel_workers: 0`` (inference in the server's own
+  process), and the output says which.
+
+One client, sequential requests over one kept-alive connection per contender (a latency measurement: on 2 cores
+concurrent Python clients would measure the client); the timing of each request includes the client's encoding and
+decoding. Contenders alternate, in a rotating order, for several rounds of a few seconds after a warm-up request that
+checks the echo (equal to the seed, and sent the way its name says); medians of the rounds are printed with their
+min-max, the servers' CPU time per request (user + system, all their processes; counted in 10 ms ticks, so coarse
+for the slow JSON contenders in short rounds), and the issue's targets: binary v2 within 1.2x of ``.npy`` per request,
+and ours (binary v2) >= 1.0x MLServer's throughput.
+Run: ``.venv/bin/python benchmarks/v2.py`` (about 2 minutes; ``--quick``: 2 rounds of 1 s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import http.client
+import importlib.metadata
+import io
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import _harness as h
+import numpy as np
+import tritonclient.http as triton
+from tritonclient.utils import InferenceServerException
+
+MLSERVER_VENV = h.ROOT / "benchmarks" / ".venv-mlserver"
+MLSERVER = "mlserver==1.7.1"
+MODEL = "bench_echo"
+SEED = np.random.default_rng(0).standard_normal((10000, 3, 4))
+
+OURS = """
+    import inference_server
+
+    @inference_server.plugin_hook
+    def model_fn(model_dir):
+        return "echo"
+
+    @inference_server.plugin_hook
+    def predict_fn(data, model):
+        return data
+"""
+
+MLSERVER_MODEL = """
+    from mlserver import MLModel
+    from mlserver.codecs import NumpyCodec
+    from mlserver.types import InferenceRequest, InferenceResponse
+
+
+    class Echo(MLModel):
+        async def load(self) -> bool:
+            return True
+
+        async def predict(self, payload: InferenceRequest) -> InferenceResponse:
+            outputs = [
+                NumpyCodec.encode_output(tensor.name, NumpyCodec.decode_input(tensor)) for tensor in payload.inputs
+            ]
+            return InferenceResponse(model_name=self.name, outputs=outputs)
+"""
+
+
+def mlserver_python() -> Path:
+    """The Python of a virtualenv with MLServer, created if missing."""
+    python = MLSERVER_VENV / "bin" / "python"
+    if not python.exists():
+        print(f"creating {MLSERVER_VENV} with {MLSERVER} ...", flush=True)
+        subprocess.run([sys.executable, "-m", "venv", str(MLSERVER_VENV)], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "--quiet", MLSERVER], check=True)
+    return python
+
+
+def mlserver_version(python: Path) -> str:
+    code = "import importlib.metadata as m; print(m.version('mlserver'), m.version('uvloop'))"
+    mlserver, uvloop = subprocess.run([str(python), "-c", code], capture_output=True, text=True).stdout.split()
+    return f"MLServer {mlserver} (uvloop {uvloop})"
+
+
+def mlserver_root(parallel_workers: int) -> tuple[Path, int]:
+    """A model repository for MLServer: server settings on free ports, the echo model in its folder."""
+    root = Path(tempfile.mkdtemp(prefix="bench-mlserver-"))
+    port = h.free_port()
+    settings = {
+        "debug": False,  # no access log (ours logs at warning)
+        "host": "127.0.0.1",
+        "http_port": port,
+        "grpc_port": h.free_port(),
+        "metrics_port": h.free_port(),
+        "parallel_workers": parallel_workers,
+        "environments_dir": str(root / ".envs"),  # (by default in the working directory)
+        "metrics_dir": str(root / ".metrics"),
+    }
+    (root / "settings.json").write_text(json.dumps(settings))
+    model = root / MODEL
+    model.mkdir()
+    (model / "model-settings.json").write_text(json.dumps({"name": MODEL, "implementation": "echo_model.Echo"}))
+    (model / "echo_model.py").write_text(textwrap.dedent(MLSERVER_MODEL))
+    return root, port
+
+
+# -- clients: each sends the seed and returns the decoded echo -------------------------------------------------------
+class NpyClient:
+    """``.npy`` on ``/invocations`` over one kept-alive ``http.client`` connection."""
+
+    def __init__(self, port: int) -> None:
+        self.connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+
+    def __call__(self, array: np.ndarray) -> np.ndarray:
+        buffer = io.BytesIO()
+        np.save(buffer, array)
+        headers = {"Content-Type": "application/x-npy", "Accept": "application/x-npy"}
+        self.connection.request("POST", "/invocations", body=buffer.getbuffer(), headers=headers)
+        response = self.connection.getresponse()
+        body = response.read()
+        if response.status != 200:
+            raise RuntimeError(f"{response.status}: {body[:200]!r}")
+        return np.load(io.BytesIO(body))
+
+    def transport(self) -> str:
+        return "npy"
+
+    def close(self) -> None:
+        self.connection.close()
+
+
+class TritonClient:
+    """v2 through ``tritonclient.http`` (one kept-alive connection), binary or JSON tensors both ways."""
+
+    def __init__(self, port: int, binary: bool) -> None:
+        self.client = triton.InferenceServerClient(f"127.0.0.1:{port}", connection_timeout=60, network_timeout=60)
+        self.binary = binary
+        self.last: triton.InferResult | None = None
+
+    def __call__(self, array: np.ndarray) -> np.ndarray:
+        given = triton.InferInput("x", list(array.shape), "FP64")
+        given.set_data_from_numpy(array, binary_data=self.binary)
+        wanted = triton.InferRequestedOutput("x", binary_data=self.binary)
+        self.last = self.client.infer(MODEL, [given], outputs=[wanted])
+        return self.last.as_numpy("x")
+
+    def transport(self) -> str:
+        """How the last answer's output came: binary (``binary_data_size``) or JSON (``data``)."""
+        assert self.last is not None
+        output = self.last.get_output("x")
+        return "binary" if "binary_data_size" in (output.get("parameters") or {}) else "JSON"
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def check(name: str, client: NpyClient | TritonClient, expected: str) -> None:
+    """One request (the warm-up): the echo equals the seed and came back as ``expected``."""
+    echoed = client(SEED)
+    if echoed.dtype != SEED.dtype or not np.array_equal(echoed, SEED):
+        raise RuntimeError(f"{name}: the echo differs from the seed ({echoed.dtype} {echoed.shape})")
+    if client.transport() != expected:
+        raise RuntimeError(f"{name}: the answer came as {client.transport()}, not {expected}")
+
+
+def timed(client: Callable[[np.ndarray], np.ndarray], seconds: float, at_least: int = 3) -> tuple[int, float]:
+    """Sequential requests for ``seconds`` (and at least ``at_least``): their count and the time they took."""
+    count, started = 0, time.perf_counter()
+    end = started + seconds
+    while count < at_least or time.perf_counter() < end:
+        client(SEED)
+        count += 1
+    return count, time.perf_counter() - started
+
+
+def ready(server: h.Server, path: str = f"/v2/models/{MODEL}/ready", seconds: float = 60) -> None:
+    """Wait until ``path`` answers 200: the harness waits for any answer, and MLServer answers its model's readiness
+    with 400 while the model loads (and 404 when it failed to), then may exit."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if server.process.poll() is not None:
+            raise RuntimeError(f"{server.name} exited: {Path(server.log.name).read_text()[-3000:]}")
+        with contextlib.suppress(OSError):
+            connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=2)
+            connection.request("GET", path)
+            status = connection.getresponse().status
+            connection.close()
+            if status == 200:
+                return
+        time.sleep(0.1)
+    raise RuntimeError(f"{server.name}: {path} did not answer 200 within {seconds:g} s")
+
+
+def start_mlserver(stack: contextlib.ExitStack, python: Path) -> tuple[h.Server, str]:
+    """MLServer with its inference pool of one worker, else (when the pool fails to start) in-process; and which."""
+    mlserver = str(python.parent / "mlserver")
+    note = "parallel_workers 1 (its inference pool: one worker process)"
+    for parallel_workers in (1, 0):
+        root, port = mlserver_root(parallel_workers)
+        env = h.base_env(PYTHONPATH=str(root / MODEL))
+        server = stack.enter_context(h.running("mlserver", [mlserver, "start", str(root)], port, env, "/v2"))
+        try:
+            ready(server)
+        except RuntimeError as exc:
+            server.stop()
+            if parallel_workers == 0:
+                raise
+            errors = re.findall(r"^\w+Error: .*$", Path(server.log.name).read_text(), re.MULTILINE)
+            reason = errors[0] if errors else str(exc).splitlines()[0]  # the first: the cause
+            note = f"parallel_workers 0 (in-process: its pool of 1 worker failed to start: {reason})"
+            continue
+        return server, note
+    raise AssertionError("unreachable")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="2 rounds of 1 s")
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--seconds", type=float, default=3)
+    parser.add_argument("--server", choices=("granian", "gunicorn"), default="granian", help="our HTTP server")
+    args = parser.parse_args()
+    rounds, seconds = (2, 1.0) if args.quick else (args.rounds, args.seconds)
+    python = mlserver_python()
+    site = h.plugin_site({MODEL: OURS})
+    env = h.base_env(
+        PYTHONPATH=str(site),
+        INFERENCE_SERVER_PLUGINS=MODEL,
+        INFERENCE_SERVER_LOG_LEVEL="warning",
+        SAGEMAKER_MAX_PAYLOAD_IN_MB="64",  # (the JSON request is about 2.5 MB, under the default 6 too)
+    )
+    print(
+        f"{platform.node()} {os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d %H:%M')}, "
+        f"Python {platform.python_version()}, numpy {np.__version__}, "
+        f"tritonclient {importlib.metadata.version('tritonclient')}"
+    )
+    print(
+        f"seed {SEED.shape} {SEED.dtype} ({SEED.nbytes // 1000} KB) echoed; one client, sequential requests over one "
+        "kept-alive connection per contender, the client's encode and decode timed"
+    )
+    print(f"before: {h.load()}", flush=True)
+    results: dict[str, dict[str, list[float]]] = {}
+    with contextlib.ExitStack() as stack:
+        port = h.free_port()
+        command = [h.PYTHON, "-m", "inference_server", "serve", "--host", "127.0.0.1", "--port", str(port)]
+        command += ["--workers", "1", "--server", args.server]
+        ours = stack.enter_context(h.running("ours", command, port, env, f"/v2/models/{MODEL}/ready"))
+        ready(ours)
+        mlserver, mlserver_note = start_mlserver(stack, python)
+        print(f"ours: --server {args.server}, --workers 1; {mlserver_version(python)}: {mlserver_note}")
+
+        mlserver_binary = TritonClient(mlserver.port, binary=True)
+        try:
+            check("MLServer v2 binary", mlserver_binary, "binary")
+            mlserver_name, mlserver_client = "MLServer v2 binary", mlserver_binary
+        except InferenceServerException as exc:
+            answer = next((line for line in str(exc).splitlines() if line.startswith("response: ")), str(exc))
+            answer = answer.removeprefix("response: ")[:200]
+            print(
+                f"MLServer refuses Triton's binary tensors (HTTP {exc.status()}: {answer}): "
+                "it is measured with JSON tensors both ways"
+            )
+            mlserver_binary.close()
+            mlserver_name, mlserver_client = "MLServer v2 JSON", TritonClient(mlserver.port, binary=False)
+        contenders: dict[str, tuple[h.Server, NpyClient | TritonClient, str]] = {
+            "ours /invocations npy": (ours, NpyClient(ours.port), "npy"),
+            "ours v2 binary": (ours, TritonClient(ours.port, binary=True), "binary"),
+            "ours v2 JSON": (ours, TritonClient(ours.port, binary=False), "JSON"),
+            mlserver_name: (mlserver, mlserver_client, mlserver_name.rsplit(" ", 1)[1]),
+        }
+        for name, (_, client, expected) in contenders.items():
+            stack.callback(client.close)
+            check(name, client, expected)
+            results[name] = {"ms": [], "cpu_ms": []}
+        names = list(contenders)
+        for round_ in range(rounds):
+            for name in names[round_ % len(names) :] + names[: round_ % len(names)]:
+                server, client, _ = contenders[name]
+                cpu = server.cpu_seconds()
+                count, elapsed = timed(client, seconds)
+                results[name]["ms"].append(elapsed / count * 1000)
+                results[name]["cpu_ms"].append((server.cpu_seconds() - cpu) / count * 1000)
+    print(f"after: {h.load()}; medians of {rounds} round(s) of {seconds:g} s, min-max of the rounds in brackets\n")
+    print(
+        f"{'contender':<24}{'requests/s':>12}{'(min-max)':>16}{'ms/request':>12}{'(min-max)':>16}"
+        f"{'server CPU ms/req':>19}"
+    )
+    for name, measured in results.items():
+        ms = measured["ms"]
+        rates = [1000 / value for value in ms]
+        print(
+            f"{name:<24}{h.median(rates):>12.1f}{'(' + h.spread(rates) + ')':>16}{h.median(ms):>12.2f}"
+            f"{'(' + h.spread(ms) + ')':>16}{h.median(measured['cpu_ms']):>19.2f}"
+        )
+
+    def ratio(numerator: str, denominator: str, per: str) -> str:
+        """The ratio of the medians, and the min-max of the rounds' own ratios (each round ran both)."""
+        top, bottom = results[numerator]["ms"], results[denominator]["ms"]
+        if per == "time":
+            rounds_ = [a / b for a, b in zip(top, bottom, strict=True)]
+            value = h.median(top) / h.median(bottom)
+        else:  # throughput: the inverse
+            rounds_ = [b / a for a, b in zip(top, bottom, strict=True)]
+            value = h.median(bottom) / h.median(top)
+        return f"{value:.2f}x (rounds {min(rounds_):.2f}-{max(rounds_):.2f})"
+
+    print("\ntargets:")
+    print(f"  ours v2 binary / ours npy, time per request: {ratio('ours v2 binary', 'ours /invocations npy', 'time')}"
+          " (target <= 1.2x)")  # fmt: skip
+    print(f"  ours v2 binary / {mlserver_name}, requests/s: {ratio('ours v2 binary', mlserver_name, 'throughput')}"
+          " (target >= 1.0x)")  # fmt: skip
+    if mlserver_name.endswith("JSON"):
+        print(f"  like for like, ours v2 JSON / {mlserver_name}, requests/s: "
+              f"{ratio('ours v2 JSON', mlserver_name, 'throughput')}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
