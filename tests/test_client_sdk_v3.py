@@ -86,6 +86,19 @@ SCRIPT = """
 """
 
 
+def run_in_v3(v3_python: tuple[Path, Path], server: Any, tmp_path: Path, script: str) -> dict[str, Any]:
+    """Run ``script`` in SDK v3's virtualenv with SageMaker Runtime pointed at ``server``; its last printed line,
+    parsed as JSON."""
+    python, site = v3_python
+    env = {**local_aws_env(f"http://127.0.0.1:{server.port}"), "HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    env["PYTHONPATH"] = str(site)
+    done = subprocess.run(
+        [str(python), "-c", textwrap.dedent(script)], capture_output=True, text=True, timeout=300, env=env, check=False
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
 def test_sdk_v3_endpoint_invoke_against_a_local_server(
     v3_python: tuple[Path, Path], servers: ServerFactory, tmp_path: Path
 ) -> None:
@@ -93,19 +106,7 @@ def test_sdk_v3_endpoint_invoke_against_a_local_server(
     AWS_ENDPOINT_URL_SAGEMAKER_RUNTIME, plain, with the SDK v3's serializers and with ours."""
     servers.plugin_site.add("echo_dicts", MODEL)
     server = servers.start()
-    python, site = v3_python
-    env = {**local_aws_env(f"http://127.0.0.1:{server.port}"), "HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
-    env["PYTHONPATH"] = str(site)
-    done = subprocess.run(
-        [str(python), "-c", textwrap.dedent(SCRIPT)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    results: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    results = run_in_v3(v3_python, server, tmp_path, SCRIPT)
     assert results["plain"] == ['{"echo":{"location":"Fair Isle"},"keys":["location"]}', "application/json"]
     assert results["sdk"] == results["ours"] == {"echo": {"a": 1}, "keys": ["a"]}
     assert results["ours_npy"] == [[[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]], "float64"]
@@ -151,19 +152,7 @@ def test_sdk_v3_endpoint_streams_through_our_predictor(
     event stream (its response transform calls .get on botocore's EventStream)."""
     servers.plugin_site.add("tokens", STREAMING_MODEL)
     server = servers.start()
-    python, site = v3_python
-    env = {**local_aws_env(f"http://127.0.0.1:{server.port}"), "HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
-    env["PYTHONPATH"] = str(site)
-    done = subprocess.run(
-        [str(python), "-c", textwrap.dedent(STREAMING_SCRIPT)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    results: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    results = run_in_v3(v3_python, server, tmp_path, STREAMING_SCRIPT)
     assert results["ours"] == ["token 0", "token 1", "token 2"]
     assert results["sdk"] in (
         ["data: token 0\n\n", "data: token 1\n\n", "data: token 2\n\n"],

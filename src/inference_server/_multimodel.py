@@ -163,6 +163,10 @@ class MultiModel:
             answer["nextPageToken"] = base64.urlsafe_b64encode(page[-1].name.encode("utf-8")).decode("ascii")
         return answer
 
+    def names(self) -> list[str]:
+        """The names of the models loaded (in any worker), in order."""
+        return [model.name for model in self.registry.all()]
+
     def _entry(self, name: str, url: str) -> dict[str, Any]:
         return {"modelName": name, "modelUrl": url, "rssBytesByWorker": self.registry.costs(name)}
 

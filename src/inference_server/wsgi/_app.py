@@ -106,6 +106,7 @@ class App:
         self.lifecycle = Lifecycle(settings, self.backend)
         #: The models of a multi-model endpoint (``--multi-model``, ``--model-root``), else None.
         self.multi_model = _multi_model(self.pipeline, settings)
+        self._model_targets: dict[tuple[str, bool], Target] = {}
         #: Where requests are counted (``--metrics``), else None.
         self.recorder = metrics.recorder if settings.metrics else None
         if self.recorder is not None:
@@ -150,6 +151,20 @@ class App:
     def model(self) -> Any:
         """The loaded model (loading it now if needed)."""
         return self.pipeline.model()
+
+    def model_target(self, name: str, target_model: bool = False) -> Target:
+        """What an invocation of the multi-model endpoint's model ``name`` runs: loaded through the model
+        management API, or (``target_model``) SageMaker Runtime's ``TargetModel`` under ``--model-root``; the model
+        loads on first use, within the request's deadline. One per name, kept for at most 10,000 names."""
+        assert self.multi_model is not None
+        key = (name, target_model)
+        target = self._model_targets.get(key)
+        if target is None:
+            load = self.multi_model.target_model if target_model else self.multi_model.model
+            target = Target(self.pipeline, functools.partial(load, name))
+            if len(self._model_targets) < 10_000:
+                self._model_targets[key] = target
+        return target
 
     def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[codecs.Buffer]:
         """Answer one request; with ``bytes_only=False`` the body items are buffers (an array's own memory).

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import orjson
+
 from inference_server.errors import BadRequest, PayloadTooLarge
 
 if TYPE_CHECKING:
@@ -81,3 +83,18 @@ def _read(stream: Any, size: int) -> bytes:
         raise
     except Exception as exc:
         raise BadRequest(f"the chunked body is malformed: {type(exc).__name__}: {exc}"[:300]) from None
+
+
+def read_json_object(environ: WSGIEnvironment, limit: int, example: str = "", empty_ok: bool = False) -> dict[str, Any]:
+    """The body (at most ``limit`` bytes) as a JSON object, else 400 saying what is wrong (``example``: what the
+    object looks like); an empty body is ``{}`` when ``empty_ok``."""
+    body = read_body(environ, limit)
+    if empty_ok and not body.strip():
+        return {}
+    try:
+        fields = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"the body is not JSON: {exc}") from None
+    if not isinstance(fields, dict):
+        raise BadRequest(f"the body must be a JSON object: {example}" if example else "the body must be a JSON object")
+    return fields

@@ -12,15 +12,12 @@ Each entry also says what the model costs each worker (``rssBytesByWorker``); se
 
 from __future__ import annotations
 
-import functools
 import logging
 from typing import TYPE_CHECKING, Any
 
-import orjson
-
 from inference_server.errors import BadRequest
-from inference_server.wsgi._body import read_body
-from inference_server.wsgi._invoke import MODEL, Target
+from inference_server.wsgi._body import read_json_object
+from inference_server.wsgi._invoke import MODEL
 from inference_server.wsgi._replies import Reply, Request, json_reply
 
 if TYPE_CHECKING:
@@ -50,16 +47,11 @@ class _Handlers:
     def __init__(self, app: App, models: MultiModel) -> None:
         self.app = app
         self.models = models
-        self._targets: dict[str, Target] = {}
 
     def load(self, request: Request) -> Reply:
-        body = read_body(request.environ, _MAX_LOAD_BODY)
-        try:
-            fields = orjson.loads(body)
-        except orjson.JSONDecodeError as exc:
-            raise BadRequest(f"the body is not JSON: {exc}") from None
-        if not isinstance(fields, dict):
-            raise BadRequest('the body must be a JSON object: {"model_name": "...", "url": "/opt/ml/models/..."}')
+        fields = read_json_object(
+            request.environ, _MAX_LOAD_BODY, example='{"model_name": "...", "url": "/opt/ml/models/..."}'
+        )
         name, url = (_text(fields, field) for field in ("model_name", "url"))
         self.models.load(name, url)
         return json_reply(200, {"status": f"Model {name!r} loaded"})
@@ -74,18 +66,12 @@ class _Handlers:
     def unload(self, request: Request) -> Reply:
         name = request.params["name"]
         self.models.unload(name)
-        self._targets.pop(name, None)
         return json_reply(200, {"status": f"Model {name!r} unloaded"})
 
     def invoke(self, request: Request) -> Reply:
         name = request.params["name"]
         request.environ[MODEL] = name
-        target = self._targets.get(name)
-        if target is None:  # the model loads within the request's deadline, in the lifecycle
-            target = Target(self.app.pipeline, functools.partial(self.models.model, name))
-            if len(self._targets) < 10_000:
-                self._targets[name] = target
-        return self.app.lifecycle.invoke(request, target)
+        return self.app.lifecycle.invoke(request, self.app.model_target(name))
 
 
 def _text(fields: dict[str, Any], field: str) -> str:

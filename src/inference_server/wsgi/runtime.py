@@ -8,7 +8,6 @@ Serving it lets the real clients talk to a local server (``AWS_ENDPOINT_URL_SAGE
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
@@ -28,8 +27,6 @@ logger = logging.getLogger("inference_server")
 def register(app: App) -> None:
     """Add the runtime's routes to ``app``."""
 
-    targets: dict[str, Target] = {}
-
     def target(request: Request) -> Target:
         """The model invoked: the app's own, or the ``TargetModel`` under ``--model-root``."""
         name = target_model(request.environ)
@@ -42,12 +39,7 @@ def register(app: App) -> None:
                 "(DIR/<TargetModel> holds each model) to serve a multi-model endpoint"
             )
         request.environ[MODEL] = name
-        found = targets.get(name)
-        if found is None:  # the model loads within the request's deadline, in the lifecycle
-            found = Target(app.pipeline, functools.partial(models.target_model, name))
-            if len(targets) < 10_000:
-                targets[name] = found
-        return found
+        return app.model_target(name, target_model=True)
 
     def invocations(request: Request) -> Reply:
         """``/invocations`` as SageMaker Runtime answers it: a container error becomes 424 ``ModelError``."""

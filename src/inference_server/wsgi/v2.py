@@ -33,7 +33,7 @@ from inference_server import _plugins
 from inference_server._pipeline import Output
 from inference_server.codecs import v2
 from inference_server.errors import BadRequest, NotFound, ServiceUnavailable
-from inference_server.wsgi._body import read_body
+from inference_server.wsgi._body import read_json_object
 from inference_server.wsgi._invoke import MODEL, Target
 from inference_server.wsgi._replies import Reply, Request, close, error_for, json_reply
 
@@ -105,7 +105,6 @@ class _Handlers:
         #: The models of a multi-model endpoint, by name; else None (one model, :attr:`name`).
         self.models: MultiModel | None = app.multi_model if app.settings.multi_model else None
         self.name = model_name(app)
-        self._targets: dict[str, Target] = {}
 
     # -- health and metadata -------------------------------------------------------------------------------------
     def server_metadata(self, request: Request) -> Reply:
@@ -154,12 +153,7 @@ class _Handlers:
                 raise NotFound(f"no model named {name!r}: this server serves {self.name!r}")
             return self.app.target
         request.environ[MODEL] = name
-        target = self._targets.get(name)
-        if target is None:
-            target = Target(self.app.pipeline, functools.partial(self.models.model, name))
-            if len(self._targets) < 10_000:
-                self._targets[name] = target
-        return target
+        return self.app.model_target(name)
 
     # -- inference -----------------------------------------------------------------------------------------------
     def infer(self, request: Request) -> Reply:
@@ -172,7 +166,7 @@ class _Handlers:
         assert self.models is not None
         fields = self._fields(request)
         ready_only = fields.get("ready", False) is True
-        loaded = {entry["modelName"] for entry in self.models.listing(None, str(1 << 30))["models"]}
+        loaded = set(self.models.names())
         entries = [{"name": name, "state": "READY"} for name in sorted(loaded)]
         if not ready_only and self.models.root is not None:
             for name in sorted(os.listdir(self.models.root)):
@@ -193,21 +187,11 @@ class _Handlers:
         self._fields(request)
         name = request.params["name"]
         self.models.unload(name)
-        self._targets.pop(name, None)
         return json_reply(200, {})
 
     @staticmethod
     def _fields(request: Request) -> dict[str, Any]:
-        body = read_body(request.environ, _MAX_REPOSITORY_BODY)
-        if not body.strip():
-            return {}
-        try:
-            fields = orjson.loads(body)
-        except orjson.JSONDecodeError as exc:
-            raise BadRequest(f"the body is not JSON: {exc}") from None
-        if not isinstance(fields, dict):
-            raise BadRequest("the body must be a JSON object")
-        return fields
+        return read_json_object(request.environ, _MAX_REPOSITORY_BODY, empty_ok=True)
 
 
 class Framing:
