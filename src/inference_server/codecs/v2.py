@@ -208,6 +208,17 @@ def parse_header_length(value: str | None) -> int | None:
     return int(value)
 
 
+def _entry_name(where: str, index: int, entry: Any) -> str:
+    """The name of ``where[index]``, a JSON object with a string ``name``, else a :class:`DecodeError`."""
+    if not isinstance(entry, dict):
+        raise DecodeError(f"{where}[{index}] must be a JSON object, not {_json_name(type(entry))}")
+    name = entry.get("name")
+    if not isinstance(name, str):
+        problem = "has no name" if name is None else f"has a {_json_name(type(name))} name; names are strings"
+        raise DecodeError(f"{where}[{index}] {problem}")
+    return name
+
+
 def _fail(kind: str, name: str, problem: str) -> DecodeError:
     return DecodeError(f"{kind} {name!r}: {problem}")
 
@@ -302,12 +313,7 @@ def decode_request(body: Buffer, header_length: int | None = None, limits: Limit
     input_parameters: dict[str, dict[str, Any]] = {}
     offset, last_binary = header_end, None
     for index, entry in enumerate(inputs_json):
-        if not isinstance(entry, dict):
-            raise DecodeError(f"inputs[{index}] must be a JSON object, not {_json_name(type(entry))}")
-        name = entry.get("name")
-        if not isinstance(name, str):
-            problem = "has no name" if name is None else f"has a {_json_name(type(name))} name; names are strings"
-            raise DecodeError(f"inputs[{index}] {problem}")
+        name = _entry_name("inputs", index, entry)
         if name in inputs:
             raise _fail("input", name, "is given twice")
         for key in ("shape", "datatype"):
@@ -382,12 +388,7 @@ def _requested_outputs(
         )
     requested: dict[str, RequestedOutput] = {}
     for index, entry in enumerate(outputs_json):
-        if not isinstance(entry, dict):
-            raise DecodeError(f"outputs[{index}] must be a JSON object, not {_json_name(type(entry))}")
-        name = entry.get("name")
-        if not isinstance(name, str):
-            problem = "has no name" if name is None else f"has a {_json_name(type(name))} name; names are strings"
-            raise DecodeError(f"outputs[{index}] {problem}")
+        name = _entry_name("outputs", index, entry)
         if name in requested:
             raise _fail("output", name, "is requested twice")
         own = _parameters(f"output {name!r}", entry)
