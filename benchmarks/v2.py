@@ -6,10 +6,12 @@ model, one worker per server:
 
 - ours (``--workers 1``, ``--server`` granian by default) on ``/invocations``, ``.npy`` both ways (the client writes
   the body with ``np.save`` and reads the answer with ``np.load``, over ``http.client``); on
-  ``/v2/models/bench_echo/infer`` with binary tensors both ways and with JSON tensors both ways (the client is
-  ``tritonclient.http``: ``InferInput.set_data_from_numpy(binary_data=...)``, ``InferRequestedOutput(binary_data=...)``,
-  ``InferenceServerClient.infer``, ``InferResult.as_numpy``). The model is a plugin whose ``predict_fn`` returns its
-  input (a dict of arrays on v2, an array from the built-in ``.npy`` codec on ``/invocations``).
+  ``/v2/models/bench_echo/infer`` with binary tensors both ways through our own ``V2Client`` (``http.client`` and
+  our codec, like for like with the ``.npy`` client: the target's comparison), and with binary and JSON tensors
+  both ways through ``tritonclient.http``, what most v2 users run (``InferInput.set_data_from_numpy(binary_data=...)``,
+  ``InferRequestedOutput(binary_data=...)``, ``InferenceServerClient.infer``, ``InferResult.as_numpy``). The model
+  is a plugin whose ``predict_fn`` returns its input (a dict of arrays on v2, an array from the built-in ``.npy``
+  codec on ``/invocations``).
 - MLServer (PyPI, in ``benchmarks/.venv-mlserver``, made on first use) with the same echo as a custom runtime, an
   ``MLModel`` whose ``predict`` decodes each input with ``NumpyCodec`` and encodes it back as an output, through the
   same tritonclient calls. Its REST server does not implement Triton's binary tensor extension (it answers 422): the
@@ -23,8 +25,8 @@ concurrent Python clients would measure the client); the timing of each request 
 decoding. Contenders alternate, in a rotating order, for several rounds of a few seconds after a warm-up request that
 checks the echo (equal to the seed, and sent the way its name says); medians of the rounds are printed with their
 min-max, the servers' CPU time per request (user + system, all their processes; counted in 10 ms ticks, so coarse
-for the slow JSON contenders in short rounds), and the issue's targets: binary v2 within 1.2x of ``.npy`` per request,
-and ours (binary v2) >= 1.0x MLServer's throughput.
+for the slow JSON contenders in short rounds), and the issue's targets: binary v2 (``V2Client``) within 1.2x of
+``.npy`` per request, and ours (binary v2) >= 1.0x MLServer's throughput.
 Run: ``.venv/bin/python benchmarks/v2.py`` (about 2 minutes; ``--quick``: 2 rounds of 1 s).
 """
 
@@ -51,6 +53,8 @@ import _harness as h
 import numpy as np
 import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
+
+from inference_server.client import InferenceResponse, V2Client
 
 MLSERVER_VENV = h.ROOT / "benchmarks" / ".venv-mlserver"
 MLSERVER = "mlserver==1.7.1"
@@ -150,6 +154,25 @@ class NpyClient:
         self.connection.close()
 
 
+class OurV2Client:
+    """v2 with binary tensors both ways through ``inference_server.client.V2Client`` (``http.client`` and our codec,
+    as ``NpyClient``: the like-for-like client of the ``.npy`` contender)."""
+
+    def __init__(self, port: int) -> None:
+        self.client = V2Client(f"http://127.0.0.1:{port}", MODEL)
+        self.last: InferenceResponse | None = None
+
+    def __call__(self, array: np.ndarray) -> np.ndarray:
+        self.last = self.client.infer({"x": array})
+        return self.last.outputs["x"]
+
+    def transport(self) -> str:
+        return "binary"  # (V2Client asks for binary outputs; decode_response would refuse JSON data it did not get)
+
+    def close(self) -> None:
+        self.client.close()
+
+
 class TritonClient:
     """v2 through ``tritonclient.http`` (one kept-alive connection), binary or JSON tensors both ways."""
 
@@ -175,7 +198,10 @@ class TritonClient:
         self.client.close()
 
 
-def check(name: str, client: NpyClient | TritonClient, expected: str) -> None:
+Client = NpyClient | OurV2Client | TritonClient
+
+
+def check(name: str, client: Client, expected: str) -> None:
     """One request (the warm-up): the echo equals the seed and came back as ``expected``."""
     echoed = client(SEED)
     if echoed.dtype != SEED.dtype or not np.array_equal(echoed, SEED):
@@ -283,8 +309,9 @@ def main() -> None:
             )
             mlserver_binary.close()
             mlserver_name, mlserver_client = "MLServer v2 JSON", TritonClient(mlserver.port, binary=False)
-        contenders: dict[str, tuple[h.Server, NpyClient | TritonClient, str]] = {
+        contenders: dict[str, tuple[h.Server, Client, str]] = {
             "ours /invocations npy": (ours, NpyClient(ours.port), "npy"),
+            "ours v2 binary V2Client": (ours, OurV2Client(ours.port), "binary"),
             "ours v2 binary": (ours, TritonClient(ours.port, binary=True), "binary"),
             "ours v2 JSON": (ours, TritonClient(ours.port, binary=False), "JSON"),
             mlserver_name: (mlserver, mlserver_client, mlserver_name.rsplit(" ", 1)[1]),
@@ -303,14 +330,14 @@ def main() -> None:
                 results[name]["cpu_ms"].append((server.cpu_seconds() - cpu) / count * 1000)
     print(f"after: {h.load()}; medians of {rounds} round(s) of {seconds:g} s, min-max of the rounds in brackets\n")
     print(
-        f"{'contender':<24}{'requests/s':>12}{'(min-max)':>16}{'ms/request':>12}{'(min-max)':>16}"
+        f"{'contender':<26}{'requests/s':>12}{'(min-max)':>16}{'ms/request':>12}{'(min-max)':>16}"
         f"{'server CPU ms/req':>19}"
     )
     for name, measured in results.items():
         ms = measured["ms"]
         rates = [1000 / value for value in ms]
         print(
-            f"{name:<24}{h.median(rates):>12.1f}{'(' + h.spread(rates) + ')':>16}{h.median(ms):>12.2f}"
+            f"{name:<26}{h.median(rates):>12.1f}{'(' + h.spread(rates) + ')':>16}{h.median(ms):>12.2f}"
             f"{'(' + h.spread(ms) + ')':>16}{h.median(measured['cpu_ms']):>19.2f}"
         )
 
@@ -326,8 +353,10 @@ def main() -> None:
         return f"{value:.2f}x (rounds {min(rounds_):.2f}-{max(rounds_):.2f})"
 
     print("\ntargets:")
-    print(f"  ours v2 binary / ours npy, time per request: {ratio('ours v2 binary', 'ours /invocations npy', 'time')}"
-          " (target <= 1.2x)")  # fmt: skip
+    print(f"  ours v2 binary (V2Client) / ours npy, time per request: "
+          f"{ratio('ours v2 binary V2Client', 'ours /invocations npy', 'time')} (target <= 1.2x)")  # fmt: skip
+    print(f"  ours v2 binary (tritonclient) / ours npy, time per request: "
+          f"{ratio('ours v2 binary', 'ours /invocations npy', 'time')}")  # fmt: skip
     print(f"  ours v2 binary / {mlserver_name}, requests/s: {ratio('ours v2 binary', mlserver_name, 'throughput')}"
           " (target >= 1.0x)")  # fmt: skip
     if mlserver_name.endswith("JSON"):

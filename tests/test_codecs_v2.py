@@ -802,3 +802,90 @@ def test_random_requests_only_ever_raise_decode_error(request: dict[str, Any], t
     for array in request_.inputs.values():
         assert isinstance(array, np.ndarray)
         assert array.dtype != object or all(type(item) is bytes for item in array.flat)
+
+
+# -- the client's side: encode_request and decode_response ------------------------------------------------------------
+
+
+@settings(max_examples=150, deadline=None)
+@given(tensors=st.lists(_arrays(), max_size=4), binary=st.lists(st.booleans(), min_size=4, max_size=4))
+def test_encode_request_and_decode_response_round_trip(
+    tensors: list[tuple[str, np.ndarray]], binary: list[bool]
+) -> None:
+    """Random tensors sent by encode_request decode as the server decodes them, and the server's response of the
+    same tensors decodes with decode_response, JSON and binary."""
+    named = [(f"t{i}", array) for i, (_, array) in enumerate(tensors)]
+    flags = {name: binary[i] or not _jsonable(array) for i, (name, array) in enumerate(named)}
+    request = v2.encode_request(named, binary=flags, request_id="r-1")
+    decoded = v2.decode_request(_join(request.body), request.header_length)
+    assert decoded.id == "r-1"
+    assert decoded.binary_data_output is True
+    for name, array in named:
+        _assert_same(decoded.inputs[name], array)
+    response = v2.encode_response("m", "r-1", named, binary=flags)
+    answer = v2.decode_response(_join(response.body), response.header_length)
+    assert (answer.model_name, answer.id) == ("m", "r-1")
+    for name, array in named:
+        _assert_same(answer.outputs[name], array)
+
+
+def test_encode_request_sends_the_arrays_own_memory_and_asks_for_outputs() -> None:
+    """Binary inputs are the arrays' own memory (no copy); outputs and binary_output become the request's
+    outputs and binary_data_output; a JSON request has no header length."""
+    array = np.arange(6, dtype=np.float64).reshape(2, 3)
+    request = v2.encode_request([("x", array)], ["y"], binary_output=False, parameters={"priority": 1})
+    assert request.content_type == "application/octet-stream"
+    assert np.shares_memory(np.frombuffer(request.body[1], np.float64), array)
+    fields = orjson.loads(request.body[0])
+    assert fields["outputs"] == [{"name": "y"}]
+    assert fields["parameters"] == {"priority": 1, "binary_data_output": False}
+    assert request.header_length == len(request.body[0])
+    plain = v2.encode_request([("x", array)], binary=False)
+    assert (plain.content_type, plain.header_length) == ("application/json", None)
+    assert orjson.loads(plain.body[0])["inputs"][0]["data"] == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+
+
+def test_inputs_json_cannot_carry_are_encode_errors_naming_the_input() -> None:
+    """An FP16 input or one without a v2 datatype sent as JSON is an EncodeError that names the input."""
+    with pytest.raises(EncodeError, match="input 'h' is FP16, which cannot be sent as JSON; send it as binary data"):
+        v2.encode_request([("h", np.ones(2, np.float16))], binary=False)
+    with pytest.raises(EncodeError, match="input 'c' has dtype complex128"):
+        v2.encode_request([("c", np.ones(2, complex))])
+
+
+def test_binary_outputs_of_a_response_are_views_on_the_body() -> None:
+    """decode_response makes binary outputs np.frombuffer views on the body it is given, as decode_request does."""
+    response = v2.encode_response("m", None, [("y", np.arange(4, dtype=np.int32))], binary=True)
+    body = bytearray(_join(response.body))
+    answer = v2.decode_response(body, response.header_length)
+    assert np.shares_memory(answer.outputs["y"], np.frombuffer(body, np.uint8))
+    assert answer.datatypes == {"y": "INT32"}
+
+
+@pytest.mark.parametrize(
+    ("body", "header_length", "expected"),
+    [
+        (b'{"outputs": []}', None, "model_name must be a string, not null"),
+        (b'{"model_name": "m"}', None, "the inference response has no outputs array"),
+        (b'{"model_name": "m", "id": 3, "outputs": []}', None, "the response id must be a string"),
+        (b"[1]", None, "the inference response must be a JSON object, not array"),
+        (
+            b'{"model_name": "m", "outputs": [{"name": "y", "datatype": "FP32", "shape": [2], '
+            b'"parameters": {"binary_data_size": 8}}]}',
+            None,
+            "output 'y': has binary_data_size 8, but there is no Inference-Header-Content-Length header",
+        ),
+        (
+            b'{"model_name": "m", "outputs": [{"name": "y", "datatype": "FP32", "shape": [3], "data": [1, 2]}]}',
+            None,
+            "output 'y': data has 2 elements, but shape [3] needs 3",
+        ),
+    ],
+)
+def test_invalid_responses_are_decode_errors_naming_the_output(
+    body: bytes, header_length: int | None, expected: str
+) -> None:
+    """A malformed response is a DecodeError whose message names the output (not an input) and the problem."""
+    with pytest.raises(DecodeError) as info:
+        v2.decode_response(body, header_length)
+    assert expected in str(info.value)

@@ -2,7 +2,8 @@
 
 How code blocks in ``docs/`` are written (fences start a line and name their language; tests below enforce it):
 
-- ``python``: run in the page's order, in one namespace per page, in the page's working directory.
+- ``python``: run in the page's order, in one namespace per page, in the page's working directory; a ``text`` block
+  right after one (nothing but blank lines between) is what it prints, line for line.
 - ``sh``: run with bash (``set -euo pipefail``) in the page's working directory; variables it exports reach the
   page's later blocks. ``curl`` fails on an HTTP error status, unless the block's answer is shown (below). Two kinds
   of command are not given to bash: ``[VAR=value ...] inference-server serve ...`` starts the page's server in the
@@ -29,9 +30,11 @@ with the plugins of :data:`INSTALLED` installed (``INFERENCE_SERVER_PLUGINS``) a
 
 from __future__ import annotations
 
+import contextlib
 import decimal
 import importlib.metadata
 import importlib.util
+import io
 import json
 import os
 import re
@@ -204,7 +207,15 @@ class PageRun:
             elif os.environ.get(name) != self.env[name]:
                 self.monkeypatch.setenv(name, self.env[name])
         source = "\n" * block.line + self.on_port(block.code, block)  # tracebacks give the page's line numbers
-        exec(compile(source, f"docs/{self.page}", "exec"), self.namespace)
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            exec(compile(source, f"docs/{self.page}", "exec"), self.namespace)
+        expected = block.output if block.output is not None and block.output.language == "text" else None
+        if expected is not None:
+            output = printed.getvalue()
+            lines = [line.rstrip() for line in output.rstrip().splitlines()]
+            shown = [line.rstrip() for line in expected.code.rstrip().splitlines()]
+            assert lines == shown, f"{self.where(block)} printed:\n{output}\nthe page shows:\n{expected.code}"
 
     # sh ----------------------------------------------------------------------------------------------------------
 

@@ -3,7 +3,8 @@
 The serializers and deserializers have the SageMaker Python SDK v2 interface, so they drop into
 ``sagemaker.Predictor``; they use the server's codecs, so client and server agree by construction.
 ``Predictor.predict_stream`` reads a streamed answer (JSON Lines, server-sent events or raw chunks) as it arrives;
-the decoders it uses take chunks from any other client too. This package never imports the server.
+the decoders it uses take chunks from any other client too. :class:`V2Client` talks the Open Inference Protocol v2
+(KServe, Triton) with binary tensors. This package never imports the server.
 """
 
 from inference_server.client._deserializers import (
@@ -49,7 +50,9 @@ from inference_server.client._stream import (
     decode_stream,
     stream_decoder,
 )
+from inference_server.client._v2 import V2Client
 from inference_server.codecs.streams import ServerSentEvent
+from inference_server.codecs.v2 import InferenceResponse
 from inference_server.errors import PredictionError
 
 __all__ = [
@@ -62,6 +65,7 @@ __all__ = [
     "CSVSerializer",
     "DataSerializer",
     "IdentitySerializer",
+    "InferenceResponse",
     "JSONDeserializer",
     "JSONLinesDecoder",
     "JSONLinesDeserializer",
@@ -90,6 +94,7 @@ __all__ = [
     "StringSerializer",
     "TorchTensorDeserializer",
     "TorchTensorSerializer",
+    "V2Client",
     "decode_stream",
     "stream_decoder",
 ]

@@ -6,7 +6,7 @@ import http.client
 import importlib
 import threading
 import urllib.parse
-from collections.abc import Generator, Iterator, Mapping
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -15,6 +15,7 @@ import orjson
 from inference_server.client._deserializers import BaseDeserializer, Body, BytesDeserializer
 from inference_server.client._serializers import BaseSerializer, IdentitySerializer
 from inference_server.client._stream import StreamError, decode_stream
+from inference_server.codecs._registry import Buffer
 from inference_server.errors import PredictionError
 
 #: Header names for the keys of SageMaker's InvokeEndpoint request.
@@ -50,11 +51,13 @@ def _message(body: bytes) -> tuple[str, str | None]:
         return body.decode(errors="replace").strip() or "(no message)", None
     if isinstance(value, dict) and "message" in value:
         return str(value["message"]), value.get("request_id")
+    if isinstance(value, dict) and "error" in value:  # the Open Inference Protocol's errors
+        return str(value["error"]), None
     return body.decode(errors="replace"), None
 
 
 class _HTTPTransport:
-    """POST to ``/invocations`` over one kept-alive connection per thread."""
+    """HTTP requests (POST to ``/invocations``, or any path under the URL) over one kept-alive connection per thread."""
 
     def __init__(self, url: str, timeout: float) -> None:
         parts = urllib.parse.urlsplit(url)
@@ -63,6 +66,8 @@ class _HTTPTransport:
         self.scheme, self.host, self.port = parts.scheme, parts.hostname, parts.port
         path = parts.path.rstrip("/")
         self.path = path if path.endswith("/invocations") else f"{path}/invocations"
+        #: The URL's path without ``/invocations``: where the other routes are.
+        self.base = path.removesuffix("/invocations")
         self.timeout = timeout
         self._local = threading.local()
 
@@ -82,11 +87,21 @@ class _HTTPTransport:
 
     def invoke(self, body: bytes, args: dict[str, str]) -> tuple[str, Any]:
         headers = {_HEADERS[key]: value for key, value in args.items() if key in _HEADERS}
+        response, data = self.request("POST", self.path, body, headers)
+        if response.status >= 300:
+            raise _error(response, data)
+        return response.getheader("Content-Type", ""), Body(data)
+
+    def request(
+        self, method: str, path: str, body: bytes | Sequence[Buffer] | None, headers: dict[str, str]
+    ) -> tuple[http.client.HTTPResponse, memoryview | bytes]:
+        """Send one request (a body given as buffers is sent as they are, with its Content-Length) and read its
+        answer whole; retried once on a new connection if the server had closed a kept-alive one."""
         for attempt in (1, 2):
             reused = getattr(self._local, "connection", None) is not None
             connection = self._connection()
             try:
-                response = _exchange(connection, self.path, body, headers)
+                response = _exchange(connection, path, body, headers, method)
                 data = _read(response)
                 break
             except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
@@ -98,12 +113,7 @@ class _HTTPTransport:
                 raise
         if response.will_close:
             self.close()
-        if response.status >= 300:
-            message, request_id = _message(bytes(data))
-            raise PredictionError(
-                response.status, message, bytes(data), request_id or response.getheader("X-Request-Id")
-            )
-        return response.getheader("Content-Type", ""), Body(data)
+        return response, data
 
     def stream(self, body: bytes, args: dict[str, str]) -> tuple[str, Iterator[bytes]]:
         headers = {_HEADERS[key]: value for key, value in args.items() if key in _HEADERS}
@@ -115,8 +125,7 @@ class _HTTPTransport:
                 connection.close()
                 raise
             self._release(connection, response)
-            message, request_id = _message(data)
-            raise PredictionError(response.status, message, data, request_id or response.getheader("X-Request-Id"))
+            raise _error(response, data)
         chunks = self._chunks(connection, response)
         next(chunks)  # started, so that closing it or dropping it unread runs its finally: the connection closes
         return response.getheader("Content-Type", ""), chunks
@@ -187,17 +196,32 @@ def _ended_early(status: int, received: int, cause: BaseException | None) -> Str
 
 
 def _exchange(
-    connection: http.client.HTTPConnection, path: str, body: bytes, headers: dict[str, str]
+    connection: http.client.HTTPConnection,
+    path: str,
+    body: bytes | Sequence[Buffer] | None,
+    headers: dict[str, str],
+    method: str = "POST",
 ) -> http.client.HTTPResponse:
-    """Send the request and return the response, also when the server answers before the whole body is sent."""
+    """Send the request and return the response, also when the server answers before the whole body is sent. A body
+    of several buffers is sent one buffer after another (no joined copy), with its Content-Length."""
+    if body is not None and not isinstance(body, (bytes, bytearray, memoryview)):
+        parts = [memoryview(part).cast("B") for part in body]
+        headers = {**headers, "Content-Length": str(sum(part.nbytes for part in parts))}
+        body = parts
     try:
-        connection.request("POST", path, body=body, headers=headers)
+        connection.request(method, path, body=body, headers=headers)
     except (BrokenPipeError, ConnectionResetError) as exc:
         try:  # an early answer, such as 413 for a body over the limit, may be waiting
             return connection.getresponse()
         except (OSError, http.client.HTTPException):
             raise exc from None
     return connection.getresponse()
+
+
+def _error(response: http.client.HTTPResponse, data: memoryview | bytes) -> PredictionError:
+    """The :class:`PredictionError` of an error answer, with the server's message and its request id."""
+    message, request_id = _message(bytes(data))
+    return PredictionError(response.status, message, bytes(data), request_id or response.getheader("X-Request-Id"))
 
 
 def _read(response: http.client.HTTPResponse) -> memoryview | bytes:

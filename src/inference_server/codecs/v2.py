@@ -78,12 +78,16 @@ __all__ = [
     "DATATYPES",
     "HEADER_LENGTH",
     "Datatype",
+    "EncodedBody",
     "EncodedResponse",
     "InferenceRequest",
+    "InferenceResponse",
     "Request",
     "RequestedOutput",
     "datatype_of",
     "decode_request",
+    "decode_response",
+    "encode_request",
     "encode_response",
     "named_outputs",
     "parse_header_length",
@@ -237,39 +241,38 @@ def _flag(owner: str, parameters: Mapping[str, Any], key: str, default: bool) ->
     return value
 
 
-def _shape(name: str, shape: Any) -> tuple[int, ...]:
+def _shape(name: str, shape: Any, kind: str = "input") -> tuple[int, ...]:
     if not isinstance(shape, list):
-        raise _fail("input", name, f"shape must be a JSON array of integers, not {_json_name(type(shape))}")
+        raise _fail(kind, name, f"shape must be a JSON array of integers, not {_json_name(type(shape))}")
     if len(shape) > MAX_DIMS:
-        raise _fail("input", name, f"shape has {len(shape)} dimensions; at most {MAX_DIMS} are allowed")
+        raise _fail(kind, name, f"shape has {len(shape)} dimensions; at most {MAX_DIMS} are allowed")
     for index, dim in enumerate(shape):
         if type(dim) is not int:
-            raise _fail("input", name, f"shape has a {_json_name(type(dim))} dimension (#{index}); dims are integers")
+            raise _fail(kind, name, f"shape has a {_json_name(type(dim))} dimension (#{index}); dims are integers")
         if dim < 0:
-            raise _fail("input", name, f"shape {shape} has a negative dimension")
+            raise _fail(kind, name, f"shape {shape} has a negative dimension")
     if math.prod(dim for dim in shape if dim) * 8 > _MAX_SIZE:  # numpy's bound on any array of 8-byte items
-        raise _fail("input", name, f"shape {shape} is too large")
+        raise _fail(kind, name, f"shape {shape} is too large")
     return tuple(shape)
 
 
 class _Budget:
-    """Bytes left under ``max_decompressed_bytes`` for arrays built (not viewed) from the body."""
+    """Bytes left under ``max_decompressed_bytes`` for arrays built (not viewed) from the body, and what the tensors
+    decoded are called in messages (``input`` in a request, ``output`` in a response)."""
 
-    def __init__(self, limits: Limits) -> None:
+    def __init__(self, limits: Limits, kind: str) -> None:
         self.limit = limits.max_decompressed_bytes
         self.used = 0
+        self.kind = kind
 
     def take(self, name: str, nbytes: int) -> None:
         self.used += nbytes
         if self.used > self.limit:
-            raise _fail("input", name, f"decoding it would take over {self.limit} bytes (the limit)")
+            raise _fail(self.kind, name, f"decoding it would take over {self.limit} bytes (the limit)")
 
 
-def decode_request(body: Buffer, header_length: int | None = None, limits: Limits | None = None) -> InferenceRequest:
-    """Decode an inference request body: the JSON object, then (when ``header_length`` is given: the value of
-    ``Inference-Header-Content-Length``) binary tensor data. Anything invalid raises :class:`DecodeError` (400)
-    naming the tensor and the problem."""
-    limits = limits or Limits()
+def _json_header(body: Buffer, header_length: int | None, what: str) -> tuple[memoryview, int, dict[str, Any]]:
+    """The body as bytes, where its JSON object ends, and the object itself."""
     view = memoryview(body)
     if view.format != "B" or view.ndim != 1:
         view = view.cast("B")
@@ -279,70 +282,84 @@ def decode_request(body: Buffer, header_length: int | None = None, limits: Limit
         raise DecodeError(f"{HEADER_LENGTH} is {header_length}, but the body has only {view.nbytes} bytes")
     elif header_length == 0:
         raise DecodeError(
-            f"raw binary requests ({HEADER_LENGTH}: 0) are not supported: send the JSON inference request first"
+            f"raw binary {what}s ({HEADER_LENGTH}: 0) are not supported: send the JSON inference {what} first"
         )
     else:
         header_end = header_length
     try:
         fields = orjson.loads(view[:header_end])
     except orjson.JSONDecodeError as exc:
-        raise DecodeError(f"the inference request is not valid JSON: {exc}{_hint(view, header_length, exc)}") from None
+        raise DecodeError(f"the inference {what} is not valid JSON: {exc}{_hint(view, header_length, exc)}") from None
     if not isinstance(fields, dict):
-        raise DecodeError(f"the inference request must be a JSON object, not {_json_name(type(fields))}")
+        raise DecodeError(f"the inference {what} must be a JSON object, not {_json_name(type(fields))}")
+    return view, header_end, fields
+
+
+def decode_request(body: Buffer, header_length: int | None = None, limits: Limits | None = None) -> InferenceRequest:
+    """Decode an inference request body: the JSON object, then (when ``header_length`` is given: the value of
+    ``Inference-Header-Content-Length``) binary tensor data. Anything invalid raises :class:`DecodeError` (400)
+    naming the tensor and the problem."""
+    limits = limits or Limits()
+    view, header_end, fields = _json_header(body, header_length, "request")
     request_id = fields.get("id")
     if request_id is not None and not isinstance(request_id, str):
         raise DecodeError(f"the request id must be a string, not {_json_name(type(request_id))}")
     parameters = _parameters("the request", fields)
     binary_data_output = _flag("the request", parameters, "binary_data_output", False)
     outputs = _requested_outputs(fields.get("outputs"), binary_data_output, limits)
+    inputs, datatypes, input_parameters = _tensors(view, header_end, header_length, fields, "input", limits)
+    return InferenceRequest(request_id, parameters, inputs, datatypes, input_parameters, outputs, binary_data_output)
 
-    inputs_json = fields.get("inputs")
-    if not isinstance(inputs_json, list):
+
+def _tensors(
+    view: memoryview, header_end: int, header_length: int | None, fields: dict[str, Any], kind: str, limits: Limits
+) -> tuple[dict[str, np.ndarray[Any, Any]], dict[str, str], dict[str, dict[str, Any]]]:
+    """The tensors of ``fields[kind + "s"]`` (``inputs`` or ``outputs``), their datatypes and parameters; the binary
+    data after the JSON object must be theirs exactly."""
+    key, what = f"{kind}s", ("request" if kind == "input" else "response")
+    entries = fields.get(key)
+    if not isinstance(entries, list):
         raise DecodeError(
-            "the inference request has no inputs array"
-            if inputs_json is None
-            else f"inputs must be a JSON array, not {_json_name(type(inputs_json))}"
+            f"the inference {what} has no {key} array"
+            if entries is None
+            else f"{key} must be a JSON array, not {_json_name(type(entries))}"
         )
-    if len(inputs_json) > limits.max_archive_members:
-        raise DecodeError(
-            f"the request has {len(inputs_json)} inputs; at most {limits.max_archive_members} are allowed"
-        )
-    budget = _Budget(limits)
-    inputs: dict[str, np.ndarray[Any, Any]] = {}
+    if len(entries) > limits.max_archive_members:
+        raise DecodeError(f"the {what} has {len(entries)} {key}; at most {limits.max_archive_members} are allowed")
+    budget = _Budget(limits, kind)
+    arrays: dict[str, np.ndarray[Any, Any]] = {}
     datatypes: dict[str, str] = {}
-    input_parameters: dict[str, dict[str, Any]] = {}
+    all_parameters: dict[str, dict[str, Any]] = {}
     offset, last_binary = header_end, None
-    for index, entry in enumerate(inputs_json):
-        name = _entry_name("inputs", index, entry)
-        if name in inputs:
-            raise _fail("input", name, "is given twice")
-        for key in ("shape", "datatype"):
-            if key not in entry:
-                raise _fail("input", name, f"has no {key}")
+    for index, entry in enumerate(entries):
+        name = _entry_name(key, index, entry)
+        if name in arrays:
+            raise _fail(kind, name, "is given twice")
+        for field in ("shape", "datatype"):
+            if field not in entry:
+                raise _fail(kind, name, f"has no {field}")
         datatype_name = entry["datatype"]
         datatype = DATATYPES.get(datatype_name) if isinstance(datatype_name, str) else None
         if datatype is None:
             shown = repr(datatype_name)[:40]
-            raise _fail("input", name, f"unknown datatype {shown}; the datatypes are {', '.join(DATATYPES)}")
-        shape = _shape(name, entry["shape"])
-        own = _parameters(f"input {name!r}", entry)
+            raise _fail(kind, name, f"unknown datatype {shown}; the datatypes are {', '.join(DATATYPES)}")
+        shape = _shape(name, entry["shape"], kind)
+        own = _parameters(f"{kind} {name!r}", entry)
         if "shared_memory_region" in own:
-            raise _fail("input", name, "the shared memory extension is not supported: send data or binary data")
+            raise _fail(kind, name, "the shared memory extension is not supported: send data or binary data")
         if "binary_data_size" in own:
             if "data" in entry:
-                raise _fail("input", name, "has both data and parameters.binary_data_size; give one")
+                raise _fail(kind, name, "has both data and parameters.binary_data_size; give one")
             size = own["binary_data_size"]
             if type(size) is not int or size < 0:
                 shown = orjson.dumps(size).decode()[:40]
-                raise _fail("input", name, f"binary_data_size must be a non-negative integer, not {shown}")
+                raise _fail(kind, name, f"binary_data_size must be a non-negative integer, not {shown}")
             end = offset + size
             if end > view.nbytes:
                 if header_length is None:
-                    raise _fail(
-                        "input", name, f"has binary_data_size {size}, but the request has no {HEADER_LENGTH} header"
-                    )
+                    raise _fail(kind, name, f"has binary_data_size {size}, but there is no {HEADER_LENGTH} header")
                 raise _fail(
-                    "input",
+                    kind,
                     name,
                     f"its binary_data_size {size} runs past the body: {view.nbytes - offset} bytes of binary data "
                     "are left for it",
@@ -352,16 +369,16 @@ def decode_request(body: Buffer, header_length: int | None = None, limits: Limit
         elif "data" in entry:
             array = _from_json(name, datatype, shape, entry["data"], budget)
         else:
-            raise _fail("input", name, "has neither data nor parameters.binary_data_size")
-        inputs[name] = array
+            raise _fail(kind, name, "has neither data nor parameters.binary_data_size")
+        arrays[name] = array
         datatypes[name] = datatype.name
-        input_parameters[name] = own
+        all_parameters[name] = own
     if offset != view.nbytes:
         left = view.nbytes - offset
         if last_binary is None:
-            raise DecodeError(f"{left} bytes follow the JSON inference request, but no input has binary_data_size")
-        raise _fail("input", last_binary, f"is the last binary input, but {left} more bytes follow its data")
-    return InferenceRequest(request_id, parameters, inputs, datatypes, input_parameters, outputs, binary_data_output)
+            raise DecodeError(f"{left} bytes follow the JSON object, but no {kind} has binary_data_size")
+        raise _fail(kind, last_binary, f"is the last binary {kind}, but {left} more bytes follow its data")
+    return arrays, datatypes, all_parameters
 
 
 def _hint(view: memoryview, header_length: int | None, exc: orjson.JSONDecodeError) -> str:
@@ -410,7 +427,7 @@ def _from_binary(
     expected = count * datatype.size
     if data.nbytes != expected:
         raise _fail(
-            "input",
+            budget.kind,
             name,
             f"binary_data_size is {data.nbytes}, but shape {list(shape)} of {datatype.name} needs {expected} bytes",
         )
@@ -419,7 +436,7 @@ def _from_binary(
     if datatype.name == "BOOL":
         raw = np.frombuffer(data, np.uint8)
         if (raw > 1).any():
-            raise _fail("input", name, "BOOL binary data holds a byte other than 0 and 1")
+            raise _fail(budget.kind, name, "BOOL binary data holds a byte other than 0 and 1")
     return np.frombuffer(data, datatype.dtype).reshape(shape)
 
 
@@ -429,7 +446,7 @@ def _bytes_from_binary(
     size = data.nbytes
     if count > size // 4:
         raise _fail(
-            "input",
+            budget.kind,
             name,
             f"shape {list(shape)} needs {count} BYTES elements, but {size} bytes hold at most {size // 4}",
         )
@@ -440,7 +457,7 @@ def _bytes_from_binary(
     for index in range(count):
         if offset + 4 > size:
             raise _fail(
-                "input",
+                budget.kind,
                 name,
                 f"its {size} bytes of BYTES data end after {index} elements; shape {list(shape)} needs {count}",
             )
@@ -448,7 +465,7 @@ def _bytes_from_binary(
         offset += 4
         if offset + length > size:
             raise _fail(
-                "input",
+                budget.kind,
                 name,
                 f"BYTES element {index} has length {length}, which runs past the tensor's {size} bytes",
             )
@@ -456,7 +473,7 @@ def _bytes_from_binary(
         offset += length
     if offset != size:
         raise _fail(
-            "input",
+            budget.kind,
             name,
             f"its {size} bytes of BYTES data hold more than the {count} elements of shape {list(shape)} "
             f"({size - offset} bytes left over)",
@@ -470,21 +487,21 @@ def _object_array(elements: list[Any], shape: tuple[int, ...]) -> np.ndarray[Any
     return array.reshape(shape)
 
 
-def _leaves(name: str, shape: tuple[int, ...], count: int, data: Any) -> list[Any]:
+def _leaves(name: str, shape: tuple[int, ...], count: int, data: Any, kind: str = "input") -> list[Any]:
     """The elements of JSON ``data`` given flat or nested exactly as ``shape``, in row-major order."""
     if not isinstance(data, list):
-        raise _fail("input", name, f"data must be a JSON array, not {_json_name(type(data))}")
+        raise _fail(kind, name, f"data must be a JSON array, not {_json_name(type(data))}")
     if len(data) == count and (len(shape) < 2 or not data or type(data[0]) is not list):
         return data  # flat (and nested too, for one dimension)
     if len(shape) < 2:
-        raise _fail("input", name, f"data has {len(data)} elements, but shape {list(shape)} needs {count}")
+        raise _fail(kind, name, f"data has {len(data)} elements, but shape {list(shape)} needs {count}")
     rows: list[Any] = [data]
     for depth, dim in enumerate(shape):
         for row in rows:
             if type(row) is not list or len(row) != dim:
                 found = f"a list of {len(row)}" if type(row) is list else f"a {_json_name(type(row))}"
                 raise _fail(
-                    "input",
+                    kind,
                     name,
                     f"data is neither flat with {count} elements nor nested as shape {list(shape)}: "
                     f"found {found} at depth {depth} where a list of {dim} belongs",
@@ -499,16 +516,16 @@ def _from_json(
 ) -> np.ndarray[Any, Any]:
     if not datatype.json:
         raise _fail(
-            "input",
+            budget.kind,
             name,
             f"{datatype.name} data cannot be sent as JSON; send it as binary data (parameters.binary_data_size)",
         )
     count = math.prod(shape)
-    leaves = _leaves(name, shape, count, data)  # as many as the body held: the budget is for what we build
+    leaves = _leaves(name, shape, count, data, budget.kind)  # as many as the body held: the budget is for what we build
     budget.take(name, count * (BYTES_OVERHEAD if datatype.name == "BYTES" else datatype.size))
     kinds = set(map(type, leaves))
     if list in kinds:
-        raise _fail("input", name, f"data nests deeper than shape {list(shape)}")
+        raise _fail(budget.kind, name, f"data nests deeper than shape {list(shape)}")
     wrong = kinds - datatype.kinds
     if wrong:
         bad = next(leaf for leaf in leaves if type(leaf) in wrong)
@@ -517,13 +534,13 @@ def _from_json(
             found += f" ({orjson.dumps(bad).decode()})"
         article = "an" if found[0] in "aeiou" else "a"
         raise _fail(
-            "input", name, f"{datatype.name} data must be {_EXPECTED[datatype.kinds]}, but holds {article} {found}"
+            budget.kind, name, f"{datatype.name} data must be {_EXPECTED[datatype.kinds]}, but holds {article} {found}"
         )
     if datatype.name == "BYTES":
         try:
             encoded = [leaf.encode("utf-8") for leaf in leaves]
         except UnicodeEncodeError:  # orjson refuses lone surrogates already; kept for any other JSON parser
-            raise _fail("input", name, "BYTES data holds a string that is not valid Unicode") from None
+            raise _fail(budget.kind, name, "BYTES data holds a string that is not valid Unicode") from None
         budget.take(name, sum(map(len, encoded)))
         return _object_array(encoded, shape)
     if datatype.name != "BOOL" and datatype.dtype.kind in "iu" and leaves:
@@ -531,32 +548,37 @@ def _from_json(
         low, high = min(leaves), max(leaves)
         if low < info.min or high > info.max:
             value = low if low < info.min else high
-            raise _fail("input", name, f"{datatype.name} data holds {value}, outside [{info.min}, {info.max}]")
+            raise _fail(budget.kind, name, f"{datatype.name} data holds {value}, outside [{info.min}, {info.max}]")
     if datatype.dtype.kind == "f":
         try:
             wide = np.array(leaves, dtype=np.float64)
         except OverflowError:
-            raise _fail("input", name, f"{datatype.name} data holds an integer too large for a float") from None
+            raise _fail(budget.kind, name, f"{datatype.name} data holds an integer too large for a float") from None
         with np.errstate(over="ignore", under="ignore"):
             array = wide.astype(datatype.dtype)
         if not np.isfinite(array).all():
-            raise _fail("input", name, f"{datatype.name} data holds a number outside the range of {datatype.name}")
+            raise _fail(budget.kind, name, f"{datatype.name} data holds a number outside the range of {datatype.name}")
         return array.reshape(shape)
     return np.array(leaves, dtype=datatype.dtype).reshape(shape)
 
 
 # -- responses -------------------------------------------------------------------------------------------------------
-class EncodedResponse(NamedTuple):
-    """An inference response: the body (the concatenation of ``body``), its ``Content-Type``, and the value of
-    ``Inference-Header-Content-Length`` (``None``: no binary data, leave the header out)."""
+class EncodedBody(NamedTuple):
+    """An inference request or response: the body (the concatenation of ``body``), its ``Content-Type``, and the value
+    of ``Inference-Header-Content-Length`` (``None``: no binary data, leave the header out)."""
 
     body: list[Buffer]
     content_type: str
     header_length: int | None
 
 
-def datatype_of(array: np.ndarray[Any, Any], output: str = "output") -> str:
-    """The v2 datatype of an array; :class:`EncodeError` (500) if it has none."""
+#: What :func:`encode_response` returns.
+EncodedResponse = EncodedBody
+
+
+def datatype_of(array: np.ndarray[Any, Any], output: str = "output", kind: str = "output") -> str:
+    """The v2 datatype of an array; :class:`EncodeError` (500) if it has none. ``kind`` and ``output`` name the
+    tensor in messages."""
     dtype = array.dtype
     if dtype.kind in "SU":
         return "BYTES"
@@ -564,7 +586,7 @@ def datatype_of(array: np.ndarray[Any, Any], output: str = "output") -> str:
         for item in array.flat:
             if not isinstance(item, (bytes, bytearray, str)):
                 raise EncodeError(
-                    f"output {output!r} is an object array holding {type(item).__name__}; only bytes and str "
+                    f"{kind} {output!r} is an object array holding {type(item).__name__}; only bytes and str "
                     "can be sent (as BYTES)"
                 )
         return "BYTES"
@@ -572,7 +594,7 @@ def datatype_of(array: np.ndarray[Any, Any], output: str = "output") -> str:
         return "BF16"
     datatype = _BY_KIND.get((dtype.kind, dtype.itemsize))
     if datatype is None:
-        raise EncodeError(f"output {output!r} has dtype {dtype}, which has no v2 datatype")
+        raise EncodeError(f"{kind} {output!r} has dtype {dtype}, which has no v2 datatype")
     return datatype.name
 
 
@@ -618,41 +640,76 @@ def _little(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     return array
 
 
-def _binary(name: str, datatype: str, array: np.ndarray[Any, Any]) -> Buffer:
+def _binary(name: str, datatype: str, array: np.ndarray[Any, Any], kind: str = "output") -> Buffer:
     """The tensor's binary data: the array's own memory when it is C-contiguous and little-endian."""
     if datatype == "BYTES":
         parts: list[bytes] = []
         for item in array.reshape(-1).tolist():
             data = item.encode("utf-8") if isinstance(item, str) else bytes(item)
             if len(data) > 0xFFFFFFFF:
-                raise EncodeError(f"output {name!r} has a BYTES element over 4 GiB, more than its length can say")
+                raise EncodeError(f"{kind} {name!r} has a BYTES element over 4 GiB, more than its length can say")
             parts += (_LENGTH.pack(len(data)), data)
         return b"".join(parts)
     contiguous = np.ascontiguousarray(_little(array))
     return contiguous.reshape(-1).view(np.uint8).data
 
 
-def _json_data(name: str, datatype: str, array: np.ndarray[Any, Any]) -> Any:
-    """The tensor's ``data``: flat, row-major; an array for orjson to write (no Python objects) but for BYTES."""
+def _json_data(name: str, datatype: str, array: np.ndarray[Any, Any], kind: str = "output") -> Any:
+    """The tensor's ``data``: flat, row-major; an array for orjson to write (no Python objects) but for BYTES. What
+    JSON cannot carry is :class:`NotAcceptable` (406) for an output, :class:`EncodeError` for an input."""
+    fix = "request it with parameters.binary_data" if kind == "output" else "send it as binary data"
+    refuse = NotAcceptable if kind == "output" else EncodeError
     if datatype in ("FP16", "BF16"):
-        raise NotAcceptable(
-            f"output {name!r} is {datatype}, which cannot be sent as JSON; request it with parameters.binary_data"
-        )
+        raise refuse(f"{kind} {name!r} is {datatype}, which cannot be sent as JSON; {fix}")
     flat = array.reshape(-1)
     if datatype == "BYTES":
         try:
             return [item.decode("utf-8") if not isinstance(item, str) else item for item in flat.tolist()]
         except UnicodeDecodeError:
-            raise NotAcceptable(
-                f"output {name!r} holds bytes that are not UTF-8, which JSON cannot carry; request it with "
-                "parameters.binary_data"
-            ) from None
+            raise refuse(f"{kind} {name!r} holds bytes that are not UTF-8, which JSON cannot carry; {fix}") from None
     if datatype in ("FP32", "FP64") and not np.isfinite(flat).all():
-        raise NotAcceptable(
-            f"output {name!r} holds NaN or infinity, which JSON cannot carry; request it with parameters.binary_data"
-        )
+        raise refuse(f"{kind} {name!r} holds NaN or infinity, which JSON cannot carry; {fix}")
     native = flat.astype(flat.dtype.newbyteorder("=")) if not flat.dtype.isnative else flat
     return np.ascontiguousarray(native)
+
+
+def _encode_tensors(
+    kind: str,
+    tensors: Sequence[tuple[str, np.ndarray[Any, Any]]],
+    binary: bool | Mapping[str, bool],
+    datatypes: Mapping[str, str] | None,
+) -> tuple[list[dict[str, Any]], list[Buffer], bool]:
+    """The JSON entries of named arrays, the binary data that follows the JSON object, and whether any is binary."""
+    entries: list[dict[str, Any]] = []
+    tail: list[Buffer] = []
+    any_binary = False
+    for name, array in tensors:
+        datatype = datatype_of(array, name, kind)
+        declared = (datatypes or {}).get(name)
+        if declared is not None and declared != datatype:
+            if not (declared == "BF16" and datatype == "UINT16"):
+                raise EncodeError(f"{kind} {name!r} is declared {declared}, but its dtype {array.dtype} is {datatype}")
+            datatype = declared
+        entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
+        as_binary = binary if isinstance(binary, bool) else binary.get(name, False)
+        if as_binary:
+            any_binary = True
+            data = _binary(name, datatype, array, kind)
+            size = memoryview(data).nbytes
+            entry["parameters"] = {"binary_data_size": size}
+            if size:
+                tail.append(data)
+        else:
+            entry["data"] = _json_data(name, datatype, array, kind)
+        entries.append(entry)
+    return entries, tail, any_binary
+
+
+def _encoded(fields: dict[str, Any], tail: list[Buffer], any_binary: bool) -> EncodedBody:
+    header = orjson.dumps(fields, option=orjson.OPT_SERIALIZE_NUMPY)
+    if not any_binary:
+        return EncodedBody([header], JSON_TYPE, None)
+    return EncodedBody([header, *tail], BINARY_TYPE, len(header))
 
 
 def encode_response(
@@ -661,7 +718,7 @@ def encode_response(
     outputs: Sequence[tuple[str, np.ndarray[Any, Any]]],
     binary: bool | Mapping[str, bool] = False,
     datatypes: Mapping[str, str] | None = None,
-) -> EncodedResponse:
+) -> EncodedBody:
     """The inference response for ``outputs`` (named arrays, in order): JSON ``data`` for some, binary data for those
     ``binary`` says (a flag for all, or per name: absent names are JSON). ``datatypes`` may declare a ``uint16``
     output ``BF16`` (its raw bits). An output JSON cannot carry is :class:`NotAcceptable` (406); one with no v2
@@ -669,33 +726,9 @@ def encode_response(
     response: dict[str, Any] = {"model_name": model_name}
     if request_id is not None:
         response["id"] = request_id
-    entries: list[dict[str, Any]] = []
-    tail: list[Buffer] = []
-    any_binary = False
-    for name, array in outputs:
-        datatype = datatype_of(array, name)
-        declared = (datatypes or {}).get(name)
-        if declared is not None and declared != datatype:
-            if not (declared == "BF16" and datatype == "UINT16"):
-                raise EncodeError(f"output {name!r} is declared {declared}, but its dtype {array.dtype} is {datatype}")
-            datatype = declared
-        entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
-        as_binary = binary if isinstance(binary, bool) else binary.get(name, False)
-        if as_binary:
-            any_binary = True
-            data = _binary(name, datatype, array)
-            size = memoryview(data).nbytes
-            entry["parameters"] = {"binary_data_size": size}
-            if size:
-                tail.append(data)
-        else:
-            entry["data"] = _json_data(name, datatype, array)
-        entries.append(entry)
+    entries, tail, any_binary = _encode_tensors("output", outputs, binary, datatypes)
     response["outputs"] = entries
-    header = orjson.dumps(response, option=orjson.OPT_SERIALIZE_NUMPY)
-    if not any_binary:
-        return EncodedResponse([header], JSON_TYPE, None)
-    return EncodedResponse([header, *tail], BINARY_TYPE, len(header))
+    return _encoded(response, tail, any_binary)
 
 
 def respond(
@@ -711,3 +744,63 @@ def respond(
     flags = request.binary_flags()
     binary = {name: flags.get(name, request.binary_data_output) for name, _ in outputs}
     return encode_response(model_name, request.id, outputs, binary, datatypes)
+
+
+# -- the client's side: requests made, responses read ----------------------------------------------------------------
+def encode_request(
+    inputs: Sequence[tuple[str, np.ndarray[Any, Any]]],
+    outputs: Sequence[str] | None = None,
+    *,
+    binary: bool | Mapping[str, bool] = True,
+    binary_output: bool = True,
+    request_id: str | None = None,
+    parameters: Mapping[str, Any] | None = None,
+    datatypes: Mapping[str, str] | None = None,
+) -> EncodedBody:
+    """An inference request for ``inputs`` (named arrays, in order), each as binary data or JSON as ``binary`` says
+    (a flag for all, or per name: absent names are JSON), asking for ``outputs`` (``None``: every output) as binary
+    data (``binary_output``, the request's ``binary_data_output``) or JSON. Binary data is the arrays' own memory when
+    C-contiguous and little-endian. An input that cannot be sent (no v2 datatype; FP16 as JSON) is
+    :class:`EncodeError`."""
+    request: dict[str, Any] = {}
+    if request_id is not None:
+        request["id"] = request_id
+    request["parameters"] = {**(parameters or {}), "binary_data_output": binary_output}
+    entries, tail, any_binary = _encode_tensors("input", inputs, binary, datatypes)
+    request["inputs"] = entries
+    if outputs is not None:
+        request["outputs"] = [{"name": name} for name in outputs]
+    return _encoded(request, tail, any_binary)
+
+
+@dataclasses.dataclass(frozen=True)
+class InferenceResponse:
+    """A decoded inference response."""
+
+    #: The response's ``model_name``.
+    model_name: str
+    #: The request's ``id`` as echoed, or ``None``.
+    id: str | None
+    #: The output tensors by name, in the response's order (binary ones are views on the body).
+    outputs: dict[str, np.ndarray[Any, Any]]
+    #: Each output's v2 datatype (``BF16`` outputs are ``uint16`` arrays of their raw bits).
+    datatypes: dict[str, str]
+    #: The response's ``parameters``, as sent.
+    parameters: dict[str, Any]
+
+
+def decode_response(body: Buffer, header_length: int | None = None, limits: Limits | None = None) -> InferenceResponse:
+    """Decode an inference response body as :func:`decode_request` decodes a request: the same representations
+    (binary tensors as views on ``body``, BYTES as object arrays of ``bytes``) and checks; anything invalid raises
+    :class:`DecodeError` naming the output and the problem."""
+    limits = limits or Limits()
+    view, header_end, fields = _json_header(body, header_length, "response")
+    model_name = fields.get("model_name")
+    if not isinstance(model_name, str):
+        raise DecodeError(f"the response's model_name must be a string, not {_json_name(type(model_name))}")
+    response_id = fields.get("id")
+    if response_id is not None and not isinstance(response_id, str):
+        raise DecodeError(f"the response id must be a string, not {_json_name(type(response_id))}")
+    parameters = _parameters("the response", fields)
+    outputs, datatypes, _ = _tensors(view, header_end, header_length, fields, "output", limits)
+    return InferenceResponse(model_name, response_id, outputs, datatypes, parameters)
