@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from inference_server.wsgi._replies import Body
+from inference_server.wsgi._replies import PIECE, Body
 
 
 def test_cleanups_run_once_when_the_server_closes_the_body() -> None:
@@ -51,14 +51,42 @@ def test_a_failing_inner_close_still_runs_the_cleanups() -> None:
     assert calls == ["cleanup"]
 
 
-def test_items_are_flat_unsigned_bytes_or_bytes() -> None:
-    """Prepared for granian, an array's memory is a flat view of unsigned bytes (no copy) and a strided one is
-    copied; prepared for PEP 3333's servers, every item is ``bytes``."""
+def test_a_small_whole_answer_is_bytes_joined_for_granian_and_item_by_item_for_pep_3333() -> None:
+    """Prepared for granian, a whole answer under PIECE bytes is one ``bytes`` item (an array's memory, strided or
+    not, copied once: granian reads other buffers element by element); for PEP 3333's servers each item is
+    ``bytes``."""
     array = np.arange(6.0).reshape(2, 3)
     items = list(Body([b"head", memoryview(array), memoryview(array[:, ::2])]).prepare(as_bytes=False))
-    assert items[0] == b"head"
-    assert isinstance(items[1], memoryview)
-    assert (items[1].format, items[1].ndim, items[1].obj is not None) == ("B", 1, True)
-    assert bytes(items[1]) == array.tobytes()
-    assert items[2] == array[:, ::2].tobytes()
+    assert items == [b"head" + array.tobytes() + array[:, ::2].tobytes()]
     assert [type(item) for item in Body([b"head", memoryview(array)]).prepare(as_bytes=True)] == [bytes, bytes]
+    alone = b"one"
+    assert list(Body([alone]).prepare(as_bytes=False))[0] is alone  # nothing copied
+
+
+@pytest.mark.parametrize("as_bytes", [True, False])
+def test_a_large_answer_goes_in_pieces_copied_as_they_are_sent(as_bytes: bool) -> None:
+    """An answer over PIECE bytes is sent as ``bytes`` pieces of at most PIECE bytes, each made when the server
+    asks for the next (so a slow reader holds a few pieces, not a copy of the whole), the same bytes in order."""
+    big = np.arange(3 * PIECE // 8 + 5, dtype=np.float64)  # 3 pieces and 40 bytes
+    strided = np.arange(40, dtype=np.int32)[::2]
+    body = Body([b"head", memoryview(big), strided.data]).prepare(as_bytes)
+    pieces = iter(body)
+    first = next(pieces)
+    assert (type(first), first) == (bytes, b"head")
+    rest = list(pieces)
+    assert all(type(piece) is bytes and len(piece) <= PIECE for piece in rest)
+    assert [len(piece) for piece in rest] == [PIECE, PIECE, PIECE, 40, 80]
+    assert b"".join(rest) == big.tobytes() + strided.tobytes()
+
+
+def test_a_streamed_answer_is_counted_and_sent_as_bytes() -> None:
+    """Items made as the answer is sent become ``bytes`` as they come, and ``sent`` counts them."""
+
+    def produce() -> object:
+        yield b"a"
+        yield memoryview(np.arange(2, dtype=np.uint16))
+
+    body = Body(produce()).prepare(as_bytes=False)  # type: ignore[arg-type]
+    assert body.sent == 0
+    assert list(body) == [b"a", np.arange(2, dtype=np.uint16).tobytes()]
+    assert body.sent == 5
