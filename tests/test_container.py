@@ -1,7 +1,8 @@
 """The examples' images from container/Dockerfile, built and run with podman as SageMaker runs them: ``IMAGE serve``,
 the model mounted read-only, ``SAGEMAKER_BIND_TO_PORT`` honoured, SIGTERM drained by inference-server as PID 1; a
-multi-model image (``MULTI_MODEL=true``) serving SageMaker's /models API with its models under /opt/ml/models; and the
-streaming example's image sending tokens as they are made, to an SSE client and to boto3's response stream."""
+multi-model image (``MULTI_MODEL=true``) serving SageMaker's /models API with its models under /opt/ml/models; the
+streaming example's image sending tokens as they are made, to an SSE client and to boto3's response stream; and the
+same forecast image run as KServe runs a custom predictor, answering the Open Inference Protocol to tritonclient."""
 
 from __future__ import annotations
 
@@ -17,10 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import boto3
+import numpy as np
 import orjson
 import pytest
 import sseclient
 import token_stream
+import tritonclient.http as triton
 
 from tests.conftest import free_port, local_aws_env
 
@@ -43,6 +46,24 @@ FORECAST = {
 JSON = {"Content-Type": "application/json"}
 #: The CA bundle pip trusts on this machine, lent to the build read-only (pip in the image must reach the index).
 CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
+#: Where KServe's storage initializer puts the model, mounted read-only.
+KSERVE_MODEL_DIR = "/mnt/models"
+#: What KServe and Knative put in the environment of a custom predictor's container (``predictor.containers``), an
+#: InferenceService named ``forecast`` with ``STORAGE_URI`` and ``PROTOCOL`` set by its author: Knative's runtime
+#: contract sets PORT (the containerPort, 8080 by default) and K_SERVICE, K_CONFIGURATION, K_REVISION; KServe (0.17 on)
+#: adds INFERENCE_SERVICE_NAME; its storage initializer downloads STORAGE_URI into /mnt/models and rewrites the variable
+#: to that path; KServe reads PROTOCOL (v1 or v2) itself. inference-server reads none of them.
+KSERVE_ENV = {
+    "PORT": "8080",
+    "K_SERVICE": "forecast-predictor",
+    "K_CONFIGURATION": "forecast-predictor",
+    "K_REVISION": "forecast-predictor-00001",
+    "INFERENCE_SERVICE_NAME": "forecast",
+    "STORAGE_URI": KSERVE_MODEL_DIR,
+    "PROTOCOL": "v2",
+}
+#: What the InferenceService's author adds to its env for this image: the model's directory and its v2 name.
+KSERVE_USER_ENV = {"INFERENCE_SERVER_MODEL_DIR": KSERVE_MODEL_DIR, "INFERENCE_SERVER_MODEL_NAME": "forecast"}
 #: runc, since crun fails on this kernel's cgroup layout; limits within the machine's hard limits.
 RUN = ["--runtime", "runc"]
 LIMITS = ["--ulimit", "nofile=20000:20000", "--ulimit", "nproc=32768:32768"]
@@ -110,15 +131,28 @@ def labels(image: str) -> dict[str, str]:
 
 
 class Container:
-    """A container of the image, running as SageMaker runs it, on a free port of 127.0.0.1."""
+    """A container of the image on a free port of 127.0.0.1, by default running as SageMaker runs it: ``IMAGE serve``
+    on ``SAGEMAKER_BIND_TO_PORT``, the model read-only at /opt/ml/model. ``command=()`` runs the image's own command,
+    ``bind_to_port=None`` leaves the server on its default port (8080), ``model_mount`` mounts the model elsewhere."""
 
-    def __init__(self, image: str, model_dir: Path, *options: str) -> None:
+    def __init__(
+        self,
+        image: str,
+        model_dir: Path,
+        *options: str,
+        command: tuple[str, ...] = ("serve",),
+        bind_to_port: int | None = 9090,
+        model_mount: str = "/opt/ml/model",
+    ) -> None:
         self.name = f"inference-server-test-{uuid.uuid4().hex[:12]}"
         self.port = free_port()
         self.started = time.monotonic()
-        publish = ["-p", f"127.0.0.1:{self.port}:9090", "-e", "SAGEMAKER_BIND_TO_PORT=9090"]
-        model = ["-v", f"{model_dir}:/opt/ml/model:ro"]
-        podman("run", "-d", "--name", self.name, *LIMITS, *publish, *model, *options, image, "serve")
+        if bind_to_port is None:
+            publish = ["-p", f"127.0.0.1:{self.port}:8080"]
+        else:
+            publish = ["-p", f"127.0.0.1:{self.port}:{bind_to_port}", "-e", f"SAGEMAKER_BIND_TO_PORT={bind_to_port}"]
+        model = ["-v", f"{model_dir}:{model_mount}:ro"]
+        podman("run", "-d", "--name", self.name, *LIMITS, *publish, *model, *options, image, *command)
 
     def request(self, method: str, path: str, body: bytes | None = None, headers: dict[str, str] | None = None) -> Any:
         connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
@@ -129,15 +163,15 @@ class Container:
         finally:
             connection.close()
 
-    def wait_ready(self, deadline: float = 60) -> float:
-        """Wait for ``/ping`` 200; return the seconds since the container was started."""
+    def wait_ready(self, deadline: float = 60, path: str = "/ping") -> float:
+        """Wait for ``path`` (a readiness probe's) to answer 200; return the seconds since the container was started."""
         until = time.monotonic() + deadline
         while time.monotonic() < until:
             with contextlib.suppress(OSError, http.client.HTTPException):
-                if self.request("GET", "/ping")[0] == 200:
+                if self.request("GET", path)[0] == 200:
                     return time.monotonic() - self.started
             time.sleep(0.1)
-        pytest.fail(f"/ping did not answer 200 within {deadline} s: {self.logs()[-3000:]}")
+        pytest.fail(f"{path} did not answer 200 within {deadline} s: {self.logs()[-3000:]}")
 
     def logs(self) -> str:
         done = podman("logs", self.name, check=False)
@@ -159,8 +193,8 @@ def containers(tmp_path: Path) -> Iterator[Any]:
     model_dir = tmp_path / "model"
     model_dir.mkdir()
 
-    def start(image: str, *options: str) -> Container:
-        started.append(Container(image, model_dir, *options))
+    def start(image: str, *options: str, **how: Any) -> Container:
+        started.append(Container(image, model_dir, *options, **how))
         return started[-1]
 
     try:
@@ -278,6 +312,40 @@ def test_the_streaming_image_sends_tokens_as_they_are_made(
     assert answer["ContentType"] == "application/jsonlines"
     lines = b"".join(event["PayloadPart"]["Bytes"] for event in answer["Body"]).splitlines()
     assert [orjson.loads(line) for line in lines] == tokens
+    assert container.stop() == 0
+
+
+def test_the_image_serves_v2_as_kserve_runs_a_custom_predictor(image: str, containers: Any) -> None:
+    """As KServe runs a custom predictor (own command, port 8080, model in /mnt/models) it serves tritonclient v2."""
+    environment = {**KSERVE_ENV, **KSERVE_USER_ENV}
+    env = [option for name, value in environment.items() for option in ("-e", f"{name}={value}")]
+    container = containers(image, *env, command=(), bind_to_port=None, model_mount=KSERVE_MODEL_DIR)
+    container.wait_ready(path="/v2/health/ready")
+    status, body = container.request("GET", "/v2/health/ready")
+    assert (status, orjson.loads(body)) == (200, {"ready": True})
+    client = triton.InferenceServerClient(f"127.0.0.1:{container.port}")
+    try:
+        assert client.is_server_live()
+        assert client.is_server_ready()
+        assert client.is_model_ready("forecast")
+        assert not client.is_model_ready("shipping_forecast")  # the plugin's name, had the env not named it
+        assert client.get_model_metadata("forecast") == {
+            "name": "forecast",
+            "platform": "inference-server",
+            "inputs": [],
+            "outputs": [],
+        }
+        location = triton.InferInput("location", [2], "FP64")
+        location.set_data_from_numpy(np.array([59.53, -1.63]))  # Fair Isle, as binary tensor data
+        result = client.infer("forecast", [location])
+        outputs = result.get_response()["outputs"]
+        assert all(output["datatype"] == "BYTES" and output["shape"] == [] for output in outputs)
+        assert all("binary_data_size" in output["parameters"] for output in outputs)
+        assert {output["name"]: result.as_numpy(output["name"]).item().decode() for output in outputs} == FORECAST
+    finally:
+        client.close()
+    assert _logged(container, "Loading the model from ", "") == f"Loading the model from {KSERVE_MODEL_DIR}"
+    assert "does not exist" not in container.logs()
     assert container.stop() == 0
 
 

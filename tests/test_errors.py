@@ -20,6 +20,7 @@ TREE = {
     "NotFound": (errors.HTTPError, 404, False),
     "RequestTimeout": (errors.HTTPError, 408, False),
     "Conflict": (errors.HTTPError, 409, False),
+    "LengthRequired": (errors.HTTPError, 411, False),
     "PayloadTooLarge": (errors.HTTPError, 413, False),
     "URITooLong": (errors.HTTPError, 414, False),
     "UnsupportedMediaType": (errors.HTTPError, 415, False),

@@ -119,8 +119,7 @@ def test_stalled_bodies_never_wedge_the_worker(server: Any) -> None:
 )
 def test_malformed_chunked_bodies_are_400_on_gunicorn(servers: Any, chunks: bytes) -> None:
     """Attack 4 on gunicorn: malformed chunk framing is a 400 saying so, never a 500; gunicorn closes the
-    connection when it cannot parse what follows.
-    (granian hands the app a short body without telling it the framing was broken: known, not fixable here.)"""
+    connection when it cannot parse what follows. (granian: test_a_chunked_body_cut_short_never_reaches_the_model.)"""
     server = servers.start("--server", "gunicorn", plugins=[])
     head = b"POST /invocations HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
     received = _raw(server.port, head + chunks)
@@ -129,6 +128,56 @@ def test_malformed_chunked_bodies_are_400_on_gunicorn(servers: Any, chunks: byte
         if _status(received) == 400 and b"application/json" in received:
             assert b"the chunked body is malformed" in received
     _ping_fast(server)
+
+
+CUT_SHORT = {
+    "mid-data": b"a\r\nhello",
+    "after-a-chunk": b"5\r\nhello\r\n",
+    "mid-size": b"5\r\nhello\r\n1",
+}
+
+
+@pytest.mark.parametrize("limit", ["6", "0"])
+@pytest.mark.parametrize("cut", list(CUT_SHORT))
+@pytest.mark.parametrize("name", ["granian", "gunicorn"])
+def test_a_chunked_body_cut_short_never_reaches_the_model(
+    servers: Any, tmp_path: Path, name: str, cut: str, limit: str
+) -> None:
+    """A chunked body whose client stops sending before the last chunk (half-closing the connection) never
+    reaches the model: gunicorn answers 400 (not its NoMoreData 500); granian answers 411 before reading it while
+    bodies have a limit, and 400 without one (its whole-body read answers nothing for a broken body). The server
+    keeps serving, and a whole chunked body still reaches the model."""
+    calls = tmp_path / "calls"
+    servers.plugin_site.add(
+        "recording",
+        f"""
+        import inference_server
+
+        @inference_server.plugin_hook
+        def predict_fn(data, model):
+            with open({str(calls)!r}, "ab") as out:
+                out.write(bytes(data) + b"|")
+            return data
+        """,
+    )
+    server = servers.start("--server", name, env={"SAGEMAKER_MAX_PAYLOAD_IN_MB": limit})
+    head = b"POST /invocations HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\n"
+    head += b"Transfer-Encoding: chunked\r\n\r\n"
+    received = _raw(server.port, head + CUT_SHORT[cut], half_close=True)
+    expected = 411 if name == "granian" and limit != "0" else 400
+    if received:  # (a server may also close without answering a request it cannot finish reading)
+        assert _status(received) == expected, received[:300]
+    else:
+        assert name == "granian", "gunicorn answers a body cut short"
+    _ping_fast(server)
+    assert not calls.exists(), calls.read_bytes()
+    whole = _raw(server.port, head + b"5\r\nhello\r\n0\r\n\r\n")
+    if expected == 411:
+        assert _status(whole) == 411
+        assert not calls.exists()
+    else:
+        assert _status(whole) == 200
+        assert calls.read_bytes() == b"hello|"
 
 
 @pytest.mark.parametrize(

@@ -25,6 +25,8 @@ from tests.conftest import Server
 ROOT = Path(__file__).resolve().parent.parent
 DOCUMENT = yaml.safe_load((ROOT / "docs" / "openapi.yaml").read_text())
 schema = schemathesis.openapi.from_dict(DOCUMENT)
+#: The Open Inference Protocol's model repository routes exist only with --multi-model: checked on such a server.
+REPOSITORY = "^/v2/repository/"
 
 _arrays = hnp.arrays(
     st.sampled_from([np.float32, np.float64, np.int64, np.uint8, np.bool_]), hnp.array_shapes(max_dims=3, max_side=5)
@@ -69,7 +71,7 @@ def live_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         server.stop()
 
 
-@schema.parametrize()
+@schema.exclude(path_regex=REPOSITORY).parametrize()
 @settings(max_examples=60, deadline=None)
 def test_live_server_conforms_to_the_document(case: Any, live_server: Server) -> None:
     """schemathesis: generated requests for every operation get documented statuses, types and bodies, no 5xx."""
@@ -78,6 +80,32 @@ def test_live_server_conforms_to_the_document(case: Any, live_server: Server) ->
     # (no 5xx, documented statuses, media types, headers and bodies). The codecs' verdicts are pinned elsewhere.
     case.call_and_validate(
         base_url=f"http://127.0.0.1:{live_server.port}",
+        timeout=30,
+        excluded_checks=[negative_data_rejection, positive_data_acceptance],
+    )
+
+
+@pytest.fixture(scope="module")
+def multi_model_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A --multi-model server with a --model-root holding one model directory, for the repository routes."""
+    root = tmp_path_factory.mktemp("model-root")
+    (root / "model").mkdir()
+    log = tmp_path_factory.mktemp("schemathesis-multi-model") / "server.log"
+    environment = {k: v for k, v in os.environ.items() if not k.startswith(("SAGEMAKER_", "INFERENCE_"))}
+    environment["INFERENCE_SERVER_PLUGINS"] = ""
+    server = Server(["--multi-model", "--model-root", str(root)], environment, log).wait_ready()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@schema.include(path_regex=REPOSITORY).parametrize()
+@settings(max_examples=60, deadline=None)
+def test_multi_model_server_conforms_to_the_document(case: Any, multi_model_server: Server) -> None:
+    """The same checks for the routes only a multi-model server has."""
+    case.call_and_validate(
+        base_url=f"http://127.0.0.1:{multi_model_server.port}",
         timeout=30,
         excluded_checks=[negative_data_rejection, positive_data_acceptance],
     )

@@ -394,3 +394,54 @@ def test_the_model_is_named_by_its_plugin_or_model_name_and_no_v2_turns_the_rout
     off = servers.start("--no-v2")
     assert off.request("GET", "/v2/health/ready").status == 404
     assert off.request("POST", "/invocations", b"[1]", {"Content-Type": "application/json"}).status == 200
+
+
+def test_names_of_no_model_never_fill_the_per_name_cache(tmp_path: Path) -> None:
+    """On a multi-model server, inferences naming models that do not exist are 404s and leave nothing cached;
+    a model that loads is remembered once."""
+    root = tmp_path / "root"
+    (root / "real").mkdir(parents=True)
+    app = App(
+        Settings(model_dir="/nonexistent", multi_model=True, model_root=str(root)),
+        _plugins.build_manager([], [_Echo()]),
+    )
+    client = werkzeug.test.Client(app)
+    body = json_request({"name": "x", "shape": [1], "datatype": "INT32", "data": [7]})
+    for index in range(50):
+        response = client.post(f"/v2/models/nothing-{index}/infer", data=body)
+        assert response.status_code == 404, response.get_data()
+    assert app._model_targets == {}
+    assert client.post("/v2/repository/models/real/load", data=b"").status_code == 200
+    for _ in range(3):
+        assert client.post("/v2/models/real/infer", data=body).status_code == 200
+    assert list(app._model_targets) == [("real", False)]
+
+
+@pytest.mark.parametrize(
+    ("metadata", "says"),
+    [
+        ([], "model_metadata returned a list, not a dict or None"),
+        ({"inputs": [{"name": "x", "shape": [1]}]}, "inputs[0] ('x') with datatype None, not a v2 datatype"),
+        ({"inputs": [{"datatype": "FP32", "shape": [1]}]}, "inputs[0] without a str name"),
+        ({"outputs": [{"name": "y", "datatype": "FP32", "shape": [-2]}]}, "outputs[0] ('y') with shape [-2]"),
+    ],
+)
+def test_a_signature_that_is_not_one_is_the_hooks_500_saying_what_is_wrong(metadata: Any, says: str) -> None:
+    """A model_metadata answer that is not a signature makes the metadata route and inference a 500 whose error
+    names the hook and what is wrong with its answer (not a KeyError from deep inside)."""
+
+    class Broken(_Echo):
+        @plugin_hook
+        def model_metadata(self, model: Any) -> Any:
+            return metadata
+
+    app = App(Settings(model_dir="/nonexistent", model_name="model"), _plugins.build_manager([], [Broken()]))
+    client = werkzeug.test.Client(app)
+    for response in (
+        client.get("/v2/models/model"),
+        client.post(
+            "/v2/models/model/infer", data=json_request({"name": "x", "shape": [1], "datatype": "FP32", "data": [1]})
+        ),
+    ):
+        assert response.status_code == 500
+        assert says in orjson.loads(response.get_data())["error"]

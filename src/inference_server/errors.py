@@ -14,6 +14,7 @@ Catch :class:`InferenceServerError` for anything this package raises on purpose:
         ├── NotFound              404   no such model (multi-model endpoints), or its directory is missing
         ├── RequestTimeout        408   the client took longer than the read timeout to send its request
         ├── Conflict              409   a model of that name is loaded already
+        ├── LengthRequired        411   a chunked body on a server that cannot tell whether it arrived whole
         ├── PayloadTooLarge       413
         ├── URITooLong            414
         ├── UnsupportedMediaType  415
@@ -45,6 +46,7 @@ __all__ = [
     "HookError",
     "InferenceServerError",
     "InsufficientStorage",
+    "LengthRequired",
     "ModelLoadError",
     "NotAcceptable",
     "NotFound",
@@ -145,6 +147,13 @@ class RequestTimeout(HTTPError):
 
     code = 408
     description = "The request was not received in time."
+
+
+class LengthRequired(HTTPError):
+    """411: a chunked body on a server that cannot tell the app whether it arrived whole (granian)."""
+
+    code = 411
+    description = "A Content-Length is required."
 
 
 class PayloadTooLarge(HTTPError):

@@ -34,6 +34,7 @@ from inference_server import _logging, _plugins
 from inference_server._settings import Settings
 from inference_server.server import SLOW_CLIENT_THREADS, _drain, _port, _state, load_model, server_threads
 from inference_server.wsgi._app import App, Backend
+from inference_server.wsgi._body import Reading
 
 logger = logging.getLogger("inference_server")
 
@@ -74,9 +75,10 @@ def check_internals(server: MPServer) -> None:
         )
 
 
-#: granian writes any bytes-like body item, so the app hands it the arrays' own memory (no copy); its body read,
-#: called from a thread of ours, would stall the whole worker while a client is slow to send.
-BACKEND = Backend(bytes_only=False, read_on_server_thread=True, check_head=True)
+#: granian joins a list answer's buffers itself, so the app hands it the arrays' own memory (no copy); its body
+#: read, called from a thread of ours, would stall the whole worker while a client is slow to send; it cannot tell
+#: the app that a chunked body was cut short (see ``Reading.verifies_chunked``).
+BACKEND = Backend(bytes_only=False, read_on_server_thread=True, check_head=True, body=Reading(verifies_chunked=False))
 
 
 def granian_app() -> App:

@@ -27,6 +27,7 @@ import threading
 import time
 from typing import Any
 
+import gunicorn.http.errors
 import gunicorn.http.message
 import gunicorn.http.parser
 import gunicorn.util
@@ -39,6 +40,7 @@ from gunicorn.workers.gthread import ThreadWorker
 from inference_server import _logging
 from inference_server.server import KEEPALIVE, SLOW_CLIENT_THREADS, _drain, _state, load_model, server_threads
 from inference_server.wsgi._app import App, Backend
+from inference_server.wsgi._body import Reading
 
 logger = logging.getLogger("inference_server")
 
@@ -170,7 +172,11 @@ def _send_continue(environ: Any) -> None:
 
 
 #: gunicorn bounds the head too (``_Request``); the Host checks are the point of ``check_head``.
-BACKEND = Backend(check_head=True, send_continue=_send_continue, arrival=_arrival)
+BACKEND = Backend(
+    check_head=True,
+    body=Reading(send_continue=_send_continue, client_errors=(gunicorn.http.errors.NoMoreData,)),
+    arrival=_arrival,
+)
 
 
 class _Logger(glogging.Logger):  # type: ignore[misc]

@@ -10,7 +10,7 @@ import functools
 import random
 import re
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pluggy
@@ -155,16 +155,22 @@ class App:
     def model_target(self, name: str, target_model: bool = False) -> Target:
         """What an invocation of the multi-model endpoint's model ``name`` runs: loaded through the model
         management API, or (``target_model``) SageMaker Runtime's ``TargetModel`` under ``--model-root``; the model
-        loads on first use, within the request's deadline. One per name, kept for at most 10,000 names."""
+        loads on first use, within the request's deadline. One per name, kept once its model has loaded (so that
+        names of no model never fill the cache), for at most 10,000 names."""
         assert self.multi_model is not None
         key = (name, target_model)
         target = self._model_targets.get(key)
         if target is None:
             load = self.multi_model.target_model if target_model else self.multi_model.model
-            target = Target(self.pipeline, functools.partial(load, name))
-            if len(self._model_targets) < 10_000:
-                self._model_targets[key] = target
+            target = Target(self.pipeline, functools.partial(self._keep_target, key, load, name))
         return target
+
+    def _keep_target(self, key: tuple[str, bool], load: Callable[[str], Any], name: str) -> Any:
+        """Load model ``name`` and, now that it exists, remember its target."""
+        model = load(name)
+        if key not in self._model_targets and len(self._model_targets) < 10_000:
+            self._model_targets[key] = Target(self.pipeline, functools.partial(load, name))
+        return model
 
     def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[codecs.Buffer]:
         """Answer one request; with ``bytes_only=False`` the body items are buffers (an array's own memory).

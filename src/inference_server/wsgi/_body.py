@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from inference_server.errors import BadRequest, PayloadTooLarge
+from inference_server.errors import BadRequest, LengthRequired, PayloadTooLarge
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import WSGIEnvironment
@@ -19,23 +20,56 @@ BODY_BYTES = "inference_server.body_bytes"
 _RAISE = "; the server's operator can raise it with SAGEMAKER_MAX_PAYLOAD_IN_MB or the max_payload_in_mb hook"
 
 
-def read_body(
-    environ: WSGIEnvironment,
-    limit: int | None,
-    send_continue: Callable[[WSGIEnvironment], None] | None = None,
-) -> bytearray:
+@dataclasses.dataclass(frozen=True)
+class Reading:
+    """How the HTTP server hands the app a request body (each backend of ``server/`` says)."""
+
+    #: Sends ``100 Continue`` when the server leaves it to the app (gunicorn: only once the body is wanted).
+    send_continue: Callable[[WSGIEnvironment], None] | None = None
+    #: The server tells the app when a chunked body is broken (cut short, malformed chunk framing) by raising from
+    #: ``read``. granian 2.8 does not: its ``wsgi.input`` turns the error into an empty read, the end of a complete
+    #: body (``src/wsgi/types.rs``), so a body cut short would reach the model as whole; only its ``read()`` of the
+    #: whole body tells, by answering nothing at all (it drops what it collected). On such a server a chunked body
+    #: is read with that one call when bodies have no limit (``MaxPayloadInMB`` 0: SageMaker's chunked Batch
+    #: Transform), an empty answer being a 400; with a limit, that call could not be bounded, so it is refused
+    #: (411) before any of it is read.
+    verifies_chunked: bool = True
+    #: The server's exceptions for a body the client broke that are not parse errors (gunicorn's ``NoMoreData``, an
+    #: ``OSError``, when the connection ends before the last chunk): a 400, not a 500.
+    client_errors: tuple[type[BaseException], ...] = ()
+
+
+#: A PEP 3333 server that raises from ``read`` whatever goes wrong with a body.
+PEP_3333 = Reading()
+#: What a server that cannot verify chunked bodies is told to use instead.
+_USE_CONTENT_LENGTH = (
+    "a chunked body is refused on this server while bodies have a limit (granian cannot tell the app whether a "
+    "chunked body arrived whole, unless it reads it without one): send it with a Content-Length, or serve with "
+    "--server gunicorn, which verifies chunked bodies"
+)
+
+
+def read_body(environ: WSGIEnvironment, limit: int | None, reading: Reading = PEP_3333) -> bytearray | bytes:
     """Read the request body into one buffer, refusing bodies over ``limit`` bytes with 413.
 
     With a ``Content-Length`` the buffer is allocated once and a body over the limit is refused before any of it is
-    read; a chunked body grows in large steps and is refused as soon as it passes the limit. ``send_continue`` is
-    called, for a client that sent ``Expect: 100-continue``, once the body is going to be read (not before a 413).
+    read; a chunked body grows in large steps and is refused as soon as it passes the limit (see
+    :attr:`Reading.verifies_chunked` for servers that cannot tell the app whether it arrived whole).
+    ``reading.send_continue`` is called, for a client that sent ``Expect: 100-continue``, once the body is going to
+    be read (not before a 413 or 411).
     """
     stream = environ["wsgi.input"]
-    if send_continue is not None and environ.get("HTTP_EXPECT", "").lower() == "100-continue":
-        length_header = environ.get("CONTENT_LENGTH")
-        if not (limit is not None and length_header and length_header.isdigit() and int(length_header) > limit):
-            send_continue(environ)
     length_header = environ.get("CONTENT_LENGTH")
+    chunked = not length_header and "chunked" in environ.get("HTTP_TRANSFER_ENCODING", "").lower()
+    if chunked and not reading.verifies_chunked:
+        if limit is not None:
+            raise LengthRequired(_USE_CONTENT_LENGTH)
+        return _read_whole(environ, stream)
+    send_continue = reading.send_continue
+    if send_continue is not None and environ.get("HTTP_EXPECT", "").lower() == "100-continue":
+        over = limit is not None and length_header and length_header.isdigit() and int(length_header) > limit
+        if not over:
+            send_continue(environ)
     if length_header:
         try:
             length = int(length_header)
@@ -62,11 +96,10 @@ def read_body(
             position += count
         environ[BODY_BYTES] = length
         return buffer
-    chunked = "chunked" in environ.get("HTTP_TRANSFER_ENCODING", "").lower()
     if not (chunked or environ.get("wsgi.input_terminated")):
         return bytearray()  # no length and no framing: WSGI says there is no body to read
     buffer = bytearray()
-    while chunk := _read(stream, _READ_BLOCK):
+    while chunk := _read(stream, _READ_BLOCK, reading.client_errors):
         buffer += chunk
         if limit is not None and len(buffer) > limit:
             raise PayloadTooLarge(f"the chunked body passed the limit (MaxPayloadInMB) of {limit} bytes{_RAISE}")
@@ -74,21 +107,34 @@ def read_body(
     return buffer
 
 
-def _read(stream: Any, size: int) -> bytes:
+def _read_whole(environ: WSGIEnvironment, stream: Any) -> bytes:
+    """A chunked body read with one ``read()``, on a server that answers nothing when the body is broken."""
+    body: bytes = stream.read()
+    if not body:
+        raise BadRequest("the chunked body is empty, cut short or malformed (this server cannot tell which)")
+    environ[BODY_BYTES] = len(body)
+    return body
+
+
+def _read(stream: Any, size: int, client_errors: tuple[type[BaseException], ...]) -> bytes:
     """``stream.read(size)``, where the server's own parse errors (a malformed chunk: its size, extension,
-    terminator or trailer) are the client's fault, a 400, not a 500."""
+    terminator or trailer) and ``client_errors`` are the client's fault, a 400, not a 500."""
     try:
         return stream.read(size)  # type: ignore[no-any-return]
+    except client_errors:
+        raise BadRequest("the chunked body ended before its last chunk (the client closed the connection?)") from None
     except OSError:
         raise
     except Exception as exc:
         raise BadRequest(f"the chunked body is malformed: {type(exc).__name__}: {exc}"[:300]) from None
 
 
-def read_json_object(environ: WSGIEnvironment, limit: int, example: str = "", empty_ok: bool = False) -> dict[str, Any]:
+def read_json_object(
+    environ: WSGIEnvironment, limit: int, reading: Reading, example: str = "", empty_ok: bool = False
+) -> dict[str, Any]:
     """The body (at most ``limit`` bytes) as a JSON object, else 400 saying what is wrong (``example``: what the
     object looks like); an empty body is ``{}`` when ``empty_ok``."""
-    body = read_body(environ, limit)
+    body = read_body(environ, limit, reading)
     if empty_ok and not body.strip():
         return {}
     try:

@@ -20,7 +20,7 @@ from inference_server import _deadlines, batching, codecs, metrics
 from inference_server._pipeline import Framing, Pipeline, Stream
 from inference_server._settings import Settings
 from inference_server.errors import GatewayTimeout, HookError, RequestTimeout, ServiceUnavailable
-from inference_server.wsgi._body import read_body
+from inference_server.wsgi._body import PEP_3333, Reading, read_body
 from inference_server.wsgi._replies import Body, Reply, Request
 
 if TYPE_CHECKING:
@@ -61,8 +61,8 @@ class Backend:
     #: HTTP/1.1), and a header section within ``--max-header-bytes`` (granian's own bound is loose: a head that
     #: arrives in one large read passes up to about twice the size).
     check_head: bool = False
-    #: Sends ``100 Continue`` when the server leaves it to the app (gunicorn: only once the body is wanted).
-    send_continue: Callable[[WSGIEnvironment], None] | None = None
+    #: How the server hands over request bodies (``100 Continue``, chunked bodies, its body errors).
+    body: Reading = PEP_3333
     #: When the request reached the server (``time.monotonic()``), for servers that can say (gunicorn): one that was
     #: waiting for a server thread when the drain began is answered, not refused.
     arrival: Callable[[WSGIEnvironment], float | None] | None = None
@@ -157,7 +157,7 @@ class Lifecycle:
         environ = request.environ
         body = None
         if self.backend.read_on_server_thread:
-            body = read_body(environ, target.pipeline.max_body, self.backend.send_continue)
+            body = read_body(environ, target.pipeline.max_body, self.backend.body)
         call = _deadlines.Call()
         limit = min(self._timeout, self.settings.read_timeout)
         read_deadline, deadline = start + limit, start + self._timeout
@@ -199,14 +199,14 @@ class Lifecycle:
         call: _deadlines.Call | None,
         start: float,
         framing: Framing | None,
-        body: bytearray | None = None,
+        body: bytearray | bytes | None = None,
     ) -> Reply:
         environ = request.environ
         pipeline = target.pipeline
         if body is None:
-            body = read_body(environ, pipeline.max_body, self.backend.send_continue)
+            body = read_body(environ, pipeline.max_body, self.backend.body)
         model = target.model()
-        content_type = environ.get("CONTENT_TYPE") or self._no_content_type()
+        content_type = environ.get("CONTENT_TYPE") or (self._no_content_type() if framing is None else "")
         accept = environ.get("HTTP_ACCEPT") or "*/*"
         if target.batcher is not None:
             output = _batched(pipeline, target.batcher, body, content_type, accept, model, call, framing)
@@ -242,7 +242,7 @@ class Lifecycle:
 def _batched(
     pipeline: Pipeline,
     batcher: batching.Batcher,
-    body: bytearray,
+    body: bytearray | bytes,
     content_type: str,
     accept: str,
     model: Any,

@@ -49,9 +49,8 @@ class _Handlers:
         self.models = models
 
     def load(self, request: Request) -> Reply:
-        fields = read_json_object(
-            request.environ, _MAX_LOAD_BODY, example='{"model_name": "...", "url": "/opt/ml/models/..."}'
-        )
+        example = '{"model_name": "...", "url": "/opt/ml/models/..."}'
+        fields = read_json_object(request.environ, _MAX_LOAD_BODY, self.app.backend.body, example=example)
         name, url = (_text(fields, field) for field in ("model_name", "url"))
         self.models.load(name, url)
         return json_reply(200, {"status": f"Model {name!r} loaded"})

@@ -32,7 +32,7 @@ import inference_server
 from inference_server import _plugins
 from inference_server._pipeline import Output
 from inference_server.codecs import v2
-from inference_server.errors import BadRequest, NotFound, ServiceUnavailable
+from inference_server.errors import BadRequest, HookError, NotFound, ServiceUnavailable
 from inference_server.wsgi._body import read_json_object
 from inference_server.wsgi._invoke import MODEL, Target
 from inference_server.wsgi._replies import Reply, Request, close, error_for, json_reply
@@ -189,9 +189,8 @@ class _Handlers:
         self.models.unload(name)
         return json_reply(200, {})
 
-    @staticmethod
-    def _fields(request: Request) -> dict[str, Any]:
-        return read_json_object(request.environ, _MAX_REPOSITORY_BODY, empty_ok=True)
+    def _fields(self, request: Request) -> dict[str, Any]:
+        return read_json_object(request.environ, _MAX_REPOSITORY_BODY, self.app.backend.body, empty_ok=True)
 
 
 class Framing:
@@ -244,10 +243,36 @@ def _check_inputs(declared: list[dict[str, Any]] | None, request: v2.InferenceRe
 
 
 def _signature(app: App, model: Any) -> dict[str, Any]:
-    """The ``model_metadata`` hook's answer for ``model`` (checked), or no tensors."""
+    """The ``model_metadata`` hook's answer for ``model``, or no tensors; an answer that is not a signature is the
+    hook's error (a 500 saying what is wrong with it, in the log too)."""
     metadata = app.pm.hook.model_metadata(model=model)
     if metadata is None:
         return {}
+    problem = _signature_problem(metadata)
+    if problem is not None:
+        error = TypeError(f"model_metadata returned {problem}")
+        raise HookError("model_metadata", error, f"model_metadata returned {problem}")
+    return metadata  # type: ignore[no-any-return]
+
+
+def _signature_problem(metadata: Any) -> str | None:
+    """What makes ``metadata`` not a signature (``{"inputs": [...], "outputs": [...]}``, each tensor a dict with a
+    ``name``, a v2 ``datatype`` and a ``shape`` of integers, -1 for any size), or None."""
     if not isinstance(metadata, dict):
-        raise TypeError(f"model_metadata must return a dict or None, not {type(metadata).__name__}")
-    return metadata
+        return f"a {type(metadata).__name__}, not a dict or None"
+    for side in ("inputs", "outputs"):
+        tensors = metadata.get(side, [])
+        if not isinstance(tensors, list):
+            return f"{side} as a {type(tensors).__name__}, not a list"
+        for index, tensor in enumerate(tensors):
+            where = f"{side}[{index}]"
+            if not isinstance(tensor, dict):
+                return f"{where} as a {type(tensor).__name__}, not a dict"
+            if not isinstance(tensor.get("name"), str):
+                return f"{where} without a str name"
+            if tensor.get("datatype") not in v2.DATATYPES:
+                return f"{where} ({tensor['name']!r}) with datatype {tensor.get('datatype')!r}, not a v2 datatype"
+            shape = tensor.get("shape")
+            if not isinstance(shape, list) or not all(type(dim) is int and dim >= -1 for dim in shape):
+                return f"{where} ({tensor['name']!r}) with shape {shape!r}, not a list of integers (-1: any size)"
+    return None
