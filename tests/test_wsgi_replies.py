@@ -60,7 +60,7 @@ def test_a_small_whole_answer_is_bytes_joined_for_granian_and_item_by_item_for_p
     assert items == [b"head" + array.tobytes() + array[:, ::2].tobytes()]
     assert [type(item) for item in Body([b"head", memoryview(array)]).prepare(as_bytes=True)] == [bytes, bytes]
     alone = b"one"
-    assert list(Body([alone]).prepare(as_bytes=False))[0] is alone  # nothing copied
+    assert next(iter(Body([alone]).prepare(as_bytes=False))) is alone  # nothing copied
 
 
 @pytest.mark.parametrize("as_bytes", [True, False])
