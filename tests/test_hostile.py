@@ -473,3 +473,54 @@ def test_an_arrow_stream_declaring_more_than_the_budget_is_400(server: Any) -> N
     assert "decompressed" in reply.json()["message"]
     assert _worker_rss(server) - before < 32 << 20
     _ping_fast(server)
+
+
+def _established(port: int) -> int:
+    """The server's established connections on ``port`` (its side of each), from /proc/net/tcp."""
+    count = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()
+                if fields[3] == "01" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                    count += 1
+    return count
+
+
+def test_clients_that_stop_reading_are_cut_after_the_read_timeout(server: Any) -> None:
+    """Attack 7: twice, 12 clients ask for 5 MB answers and never read them. Each connection is cut once its answer
+    has made no progress for --read-timeout (3 s): gunicorn's send timeout, granian's TCP_USER_TIMEOUT (which it has
+    no option for); others are served throughout, and the memory the answers held is reused, not kept per client
+    (the second wave leaves the worker about as large as the first: 12 leaked answers would be 115 MB)."""
+    array = np.random.default_rng(0).random(600_000)  # 4.8 MB of float64
+    body = codecs.dumps(array, "application/x-npy")
+    head = (
+        f"POST /invocations HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-npy\r\nAccept: application/x-npy\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    time.sleep(0.5)  # (granian sets the option once its socket is there, just after the model loads)
+    baseline = _established(server.port)
+    after = []
+    for _ in range(2):
+        held = []
+        try:
+            for _ in range(12):
+                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # (before connecting: a small window)
+                sock.connect(("127.0.0.1", server.port))
+                sock.sendall(head + body)
+                held.append(sock)
+            started = time.monotonic()
+            while _established(server.port) > baseline:
+                assert time.monotonic() - started < 30, f"{_established(server.port)} connections still held"
+                _ping_fast(server)
+                time.sleep(0.5)
+            cut_after = time.monotonic() - started
+        finally:
+            for sock in held:
+                sock.close()
+        assert cut_after >= 2, cut_after  # not before the read timeout (3 s, less the time the answers took to stall)
+        time.sleep(1)
+        after.append(_worker_rss(server))
+    assert after[1] - after[0] < 40 << 20, after
+    assert server.request("POST", "/invocations", b"fine").body == b"fine"

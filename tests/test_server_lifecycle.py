@@ -281,27 +281,17 @@ def test_oversized_headers_url_and_header_count_are_refused(servers: Any, backen
     assert server.request("GET", "/ping").status == 200
 
 
-def test_slow_headers_are_cut_off(servers: Any) -> None:
-    """granian: a client trickling its headers is disconnected after --read-timeout; the server keeps serving."""
-    server = servers.start("--read-timeout", "1")
+@pytest.mark.parametrize("backend", ["granian", "gunicorn"])
+def test_an_idle_kept_alive_connection_outlives_the_read_timeout(servers: Any, backend: str) -> None:
+    """A kept-alive connection idle for longer than --read-timeout (1 s) still serves its next request: idle
+    connections live 65 s on both backends, past the 60 s idle timeout of load balancers (granian's one timer for
+    idle connections and slow headers is the larger of the two)."""
+    server = servers.start("--server", backend, "--read-timeout", "1")
     with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
-        started = time.monotonic()
-        closed = False
-        for byte in b"GET /ping HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 20:
-            try:
-                sock.sendall(bytes([byte]))
-                time.sleep(0.25)
-                if time.monotonic() - started > 5:
-                    break
-            except OSError:
-                closed = True
-                break
-        if not closed:
-            with contextlib.suppress(OSError):
-                closed = sock.recv(100) in (b"",) or True
-        assert closed
-        assert time.monotonic() - started < 5
-    assert server.request("GET", "/ping").status == 200
+        for pause in (0, 3):
+            time.sleep(pause)
+            sock.sendall(b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert sock.recv(1000).startswith(b"HTTP/1.1 200"), pause
 
 
 def test_slow_body_gets_408_on_gunicorn(servers: Any, plugin_site: Any) -> None:

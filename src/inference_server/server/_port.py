@@ -38,6 +38,19 @@ def sockets_of(pid: int | str) -> set[str]:
     return inodes
 
 
+def listening_fds(port: int) -> list[int]:
+    """This process's file descriptors of sockets listening on ``port``."""
+    listening = listening_sockets(port)
+    fds = []
+    with contextlib.suppress(OSError):
+        for fd in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError):
+                target = os.readlink(f"/proc/self/fd/{fd}")
+                if target.startswith("socket:[") and target[8:-1] in listening:
+                    fds.append(int(fd))
+    return fds
+
+
 def holders(port: int) -> list[int]:
     """The processes holding a socket that listens on ``port``, as far as ``/proc`` shows them."""
     listening = listening_sockets(port)

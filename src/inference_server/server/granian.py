@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -32,7 +33,7 @@ from granian.server.mp import MPServer, WorkerProcess
 
 from inference_server import _logging, _plugins
 from inference_server._settings import Settings
-from inference_server.server import SLOW_CLIENT_THREADS, _drain, _port, _state, load_model, server_threads
+from inference_server.server import KEEPALIVE, SLOW_CLIENT_THREADS, _drain, _port, _state, load_model, server_threads
 from inference_server.wsgi._app import App, Backend
 from inference_server.wsgi._body import Reading
 
@@ -94,7 +95,31 @@ def granian_app() -> App:
     load_model(app)
     if app.worker is not None:
         app.worker.mark_ready()
+    threading.Thread(
+        target=_cut_stalled_readers, args=(settings.port, settings.read_timeout), name="write-timeout", daemon=True
+    ).start()
     return app
+
+
+def _cut_stalled_readers(port: int, seconds: int) -> None:
+    """granian has no write timeout: a client that stops reading a large answer would hold its connection and the
+    answer's memory for ever. ``TCP_USER_TIMEOUT`` on the worker's listening socket, which the sockets it accepts
+    inherit (Linux), makes the kernel drop a connection whose sent data has gone unacknowledged (a full window
+    included) for ``seconds`` (``--read-timeout``), as gunicorn's ``SO_SNDTIMEO`` does; granian then frees the
+    answer. A reader that is slow but steady is not cut. The socket is opened by granian once the model is loaded,
+    so it is looked for until it is there."""
+    option = getattr(socket, "TCP_USER_TIMEOUT", None)
+    if option is None or not os.path.isdir("/proc/self/fd"):
+        return  # not Linux
+    deadline = time.monotonic() + _READY_WAIT
+    while time.monotonic() < deadline:
+        for fd in _port.listening_fds(port):
+            with socket.socket(fileno=os.dup(fd)) as listener:  # the same socket: setting it on the copy sets it
+                listener.setsockopt(socket.IPPROTO_TCP, option, seconds * 1000)
+            logger.debug("Worker %d: write timeout of %d s set on its listening socket", os.getpid(), seconds)
+            return
+        time.sleep(0.02)
+    logger.warning("Worker %d: no listening socket found; clients that stop reading are not cut off", os.getpid())
 
 
 def _while_loading(state: _state.Worker) -> Callable[[int, Any], None]:
@@ -171,8 +196,8 @@ class Server(MPServer):
             http2_settings=HTTP2Settings(
                 max_concurrent_streams=MAX_HTTP2_STREAMS, max_headers_size=settings.max_header_bytes
             ),
-            http1_settings=HTTP1Settings(
-                header_read_timeout=min(settings.read_timeout, 60) * 1000,
+            http1_settings=HTTP1Settings(  # (hyper's one timer for idle keep-alive and slow headers: see KEEPALIVE)
+                header_read_timeout=max(settings.read_timeout, KEEPALIVE) * 1000,
                 keep_alive=True,
                 max_buffer_size=settings.max_header_bytes,
             ),

@@ -86,7 +86,10 @@ class Worker(ThreadWorker):  # type: ignore[misc]
                 conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval)
                 conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval)
             conn.timeouts_set = True
-        return super().handle(conn)
+        keepalive = super().handle(conn)
+        if keepalive is False:
+            _close_here(conn)
+        return keepalive
 
     def handle_error(self, req: Any, client: Any, addr: Any, exc: BaseException) -> None:
         """gunicorn's own refusals (a request it cannot parse, headers over the limits) in our JSON error shape.
@@ -155,6 +158,21 @@ class _Request(gunicorn.http.message.Request):  # type: ignore[misc]
     @_expected_100_continue.setter
     def _expected_100_continue(self, value: bool) -> None:
         pass
+
+
+def _close_here(conn: Any) -> None:
+    """Close a connection that is not kept alive on this request's thread, not on the worker's event loop.
+
+    gunicorn 27 closes such a connection gracefully (RFC 9112 9.6: send FIN, then read what the client still sends,
+    up to 2 s, until it closes) from its one event-loop thread: a client that stopped reading, or never closes, held
+    the whole worker 2 s per connection (12 such clients: /ping unanswered for 20 s). Closed here, the event loop's
+    own close finds nothing left to do."""
+    conn.close(graceful=True)
+    conn.close = _closed
+
+
+def _closed(graceful: bool = False) -> None:
+    """A connection's ``close`` once :func:`_close_here` has closed it."""
 
 
 #: When the request being handled on this thread reached the worker (see ``Worker.enqueue_req``).
