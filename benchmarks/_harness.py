@@ -130,6 +130,24 @@ def running(
         server.stop()
 
 
+def ready(server: Server, path: str, seconds: float = 60) -> None:
+    """Wait until ``path`` answers 200 (``running`` waits for any answer: MLServer answers its model's readiness with
+    400 while the model loads, and 404 when it failed to, then may exit)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if server.process.poll() is not None:
+            raise RuntimeError(f"{server.name} exited: {Path(server.log.name).read_text()[-3000:]}")
+        with contextlib.suppress(OSError):
+            connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=2)
+            connection.request("GET", path)
+            status = connection.getresponse().status
+            connection.close()
+            if status == 200:
+                return
+        time.sleep(0.1)
+    raise RuntimeError(f"{server.name}: {path} did not answer 200 within {seconds:g} s")
+
+
 def base_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SAGEMAKER_", "INFERENCE_SERVER_"))}
     env.update(extra)

@@ -1,14 +1,17 @@
-"""Micro-batching: ours against batching off and against BentoML's adaptive batching, the same model in all.
+"""Micro-batching: ours against batching off and against BentoML's and MLServer's adaptive batching, the same model in
+all.
 
 The model costs 5 ms per call plus 20 us per row: ``sleep`` (the GIL is free) or ``cpu`` (numpy burning the CPU for
 that long). Each client sends a (1, 16) float32 array over keep-alive connections (wrk, 1 to 128 connections): as
-``.npy`` to ours, as JSON to BentoML (its API takes arrays as JSON). Every contender runs 1 or 2 worker processes;
-ours and BentoML batch up to 32 requests per call. Printed: requests/s, p50 and p99 latency (wrk's), and the mean
-batch (rows per model call, from the model's own log), medians over rounds in a rotating order, and the ratios of
-ours to batching off and to BentoML.
+``.npy`` to ours, as JSON to BentoML (its API takes arrays as JSON), as a v2 JSON tensor to MLServer. Every contender
+runs 1 or 2 worker processes (MLServer: ``parallel_workers``, its inference pool, behind its one REST process); ours,
+BentoML and MLServer batch up to 32 requests per call. BentoML waits adaptively (``max_latency_ms`` at its default);
+MLServer waits for a full batch at most ``max_batch_time``, here 5 ms, ours' default ``max_batch_delay``. Printed:
+requests/s, p50 and p99 latency (wrk's), and the mean batch (rows per model call, from the model's own log), medians
+over rounds in a rotating order, and the ratios of ours to batching off, to BentoML and to MLServer.
 
-BentoML runs from PyPI in its own virtualenv (``benchmarks/.venv-bentoml``, made on first use).
-Run: ``.venv/bin/python benchmarks/batching.py`` (about 12 minutes; ``--quick``: one short round, fewer cases).
+BentoML and MLServer run from PyPI, each in its own virtualenv (``_peers.py``, made on first use).
+Run: ``.venv/bin/python benchmarks/batching.py`` (about 16 minutes; ``--quick``: one short round, fewer cases).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import json
 import platform
 import re
 import shutil
@@ -28,11 +32,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import _harness as h
+import _peers
 import numpy as np
 
-BENTOML_VENV = h.ROOT / "benchmarks" / ".venv-bentoml"
-BENTOML = "bentoml==1.4.40"
 MAX_BATCH = 32
+#: Seconds MLServer waits for a batch to fill: ours' default ``max_batch_delay`` (5 ms).
+MLSERVER_BATCH_TIME = 0.005
+MODEL = "bench"
 #: Seconds to wait after each case: when wrk stops, up to 128 requests per worker may still be queued (0.7 s of work
 #: with batching off), which would otherwise be the next case's first latencies.
 SETTLE = 2.0
@@ -82,11 +88,33 @@ SERVICE = f"""
     import bench_cost
 
 
-    @bentoml.service(workers=int(os.environ["BENCH_WORKERS"]))
+    @bentoml.service(workers=int(os.environ["BENCH_WORKERS"]), logging={{"access": {{"enabled": False}}}})
     class Model:
         @bentoml.api(batchable=True, max_batch_size={MAX_BATCH})
         def predict(self, data: np.ndarray) -> np.ndarray:
             return bench_cost.run(data)
+"""
+
+
+#: MLServer's runtime: a v2 request's one input, decoded by ``NumpyCodec`` (a batch: the inputs of several requests
+#: joined along axis 0 by MLServer), through the model. The call blocks the process's event loop, as MLServer's own
+#: runtimes' ``predict`` does: with the pool, each worker process runs one call at a time.
+MLSERVER_MODEL = """
+    from mlserver import MLModel
+    from mlserver.codecs import NumpyCodec
+    from mlserver.types import InferenceRequest, InferenceResponse
+
+    import bench_cost
+
+
+    class Model(MLModel):
+        async def load(self) -> bool:
+            return True
+
+        async def predict(self, payload: InferenceRequest) -> InferenceResponse:
+            data = NumpyCodec.decode_input(payload.inputs[0])
+            output = NumpyCodec.encode_output("y", bench_cost.run(data))
+            return InferenceResponse(model_name=self.name, outputs=[output])
 """
 
 
@@ -107,15 +135,11 @@ JSON = (
     f"wrk.body = '{{\"data\": {ROW.tolist()}}}'\n"
     'wrk.headers["Content-Type"] = "application/json"\n'
 )
-
-
-def bentoml_python() -> Path:
-    python = BENTOML_VENV / "bin" / "python"
-    if not python.exists():
-        print(f"creating {BENTOML_VENV} with {BENTOML} ...", flush=True)
-        subprocess.run([sys.executable, "-m", "venv", str(BENTOML_VENV)], check=True)
-        subprocess.run([str(python), "-m", "pip", "install", "--quiet", BENTOML], check=True)
-    return python
+_V2_BODY = {"inputs": [{"name": "x", "shape": list(ROW.shape), "datatype": "FP32", "data": ROW[0].tolist()}]}
+V2_JSON = f"""wrk.method = "POST"
+wrk.body = '{json.dumps(_V2_BODY)}'
+wrk.headers["Content-Type"] = "application/json"
+"""
 
 
 def _seconds(text: str) -> float:
@@ -144,30 +168,34 @@ def wrk(url: str, lua: str, connections: int, seconds: int) -> tuple[float, floa
 
 
 @contextlib.contextmanager
-def contender(name: str, site: Path, variant: str, workers: int, calls: Path) -> Iterator[tuple[str, str]]:
-    """Start ``name``; yield its URL and the wrk script for it."""
-    port = h.free_port()
+def contender(name: str, site: Path, variant: str, workers: int, calls: Path) -> Iterator[tuple[str, str, str]]:
+    """Start ``name``; yield its URL, the wrk script for it and a note on how it runs."""
     env = h.base_env(
         PYTHONPATH=str(site),
         BENCH_VARIANT=variant,
         BENCH_CALLS=str(calls),
-        BENCH_WORKERS=str(workers),
         INFERENCE_SERVER_PLUGINS="bench_ours",
         INFERENCE_SERVER_LOG_LEVEL="warning",
-        BENTOML_DO_NOT_TRACK="true",
     )
     if name == "bentoml":
-        command = [str(bentoml_python()), "-m", "bentoml", "serve", "service:Model", "--host", "127.0.0.1"]
-        command += ["--port", str(port), "--working-dir", str(site)]
-        with h.running(name, command, port, env, "/readyz"):
-            yield f"http://127.0.0.1:{port}/predict", JSON
+        with _peers.bentoml(site, "service:Model", workers, env) as server:
+            yield f"http://127.0.0.1:{server.port}/predict", JSON, f"workers={workers}"
         return
+    if name == "mlserver":
+        settings: dict[str, object] = {"name": MODEL, "implementation": "bench_mlserver.Model"}
+        settings.update(max_batch_size=MAX_BATCH, max_batch_time=MLSERVER_BATCH_TIME)
+        with contextlib.ExitStack() as stack:
+            runtimes = {"bench_mlserver": MLSERVER_MODEL}
+            server, note = _peers.start_mlserver(stack, {MODEL: settings}, runtimes, workers, env)
+            yield f"http://127.0.0.1:{server.port}/v2/models/{MODEL}/infer", V2_JSON, note
+        return
+    port = h.free_port()
     command = [h.PYTHON, "-m", "inference_server", "serve", "--host", "127.0.0.1", "--port", str(port)]
     command += ["--workers", str(workers)]
     if name == "ours":
         command += ["--max-batch-size", str(MAX_BATCH)]
     with h.running(name, command, port, env):
-        yield f"http://127.0.0.1:{port}/invocations", NPY
+        yield f"http://127.0.0.1:{port}/invocations", NPY, f"--workers {workers}"
 
 
 def main() -> None:
@@ -182,20 +210,27 @@ def main() -> None:
     variants = ["sleep"] if args.quick else ["sleep", "cpu"]
     worker_counts = [1] if args.quick else [1, 2]
     levels = [1, 8, 32, 128]
-    names = ["off", "ours", "bentoml"]
+    names = ["off", "ours", "bentoml", "mlserver"]
     site = h.plugin_site({"bench_ours": OURS})
     (site / "bench_cost.py").write_text(textwrap.dedent(COST))
     (site / "service.py").write_text(textwrap.dedent(SERVICE))
-    bentoml_python()
     calls = site / "calls.log"
-    print(f"{platform.python_version()}, {h.load()}", flush=True)
+    print(
+        f"Python {platform.python_version()}, {h.load()}; "
+        f"BentoML: {_peers.versions(_peers.bentoml_python(), 'bentoml', 'uvloop')}; "
+        f"MLServer: {_peers.versions(_peers.mlserver_python(), 'mlserver', 'uvloop')}, "
+        f"max_batch_time {MLSERVER_BATCH_TIME * 1000:g} ms",
+        flush=True,
+    )
     results: dict[tuple[str, int, int, str], list[tuple[float, float, float, float]]] = {}
-    turn = 0
+    notes: dict[str, set[str]] = {name: set() for name in names}
+    turn = round_ = 0
     for variant in variants:
         for workers in worker_counts:
             for _ in range(rounds):
-                for name in names[turn % 3 :] + names[: turn % 3]:
-                    with contender(name, site, variant, workers, calls) as (url, lua):
+                for name in names[round_ % len(names) :] + names[: round_ % len(names)]:
+                    with contender(name, site, variant, workers, calls) as (url, lua, note):
+                        notes[name].add(note)
                         wrk(url, lua, 8, 1)  # warm-up: models loaded, threads started
                         for clients in levels[turn % 4 :] + levels[: turn % 4]:
                             calls.write_text("")
@@ -210,10 +245,14 @@ def main() -> None:
                                 flush=True,
                             )
                     turn += 1
-    print(f"\n{h.load()}\n")
+                round_ += 1
+    print(f"\n{h.load()}")
+    for name in ("bentoml", "mlserver"):
+        print(f"{name}: {'; '.join(sorted(notes[name]))}")
+    print()
     print("| model | workers | clients | off: req/s, p50, p99 | ours: req/s, p50, p99, batch | BentoML: req/s, p50, "
-          "p99, batch | ours/off | ours/BentoML |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|")
+          "p99, batch | MLServer: req/s, p50, p99, batch | ours/off | ours/BentoML | ours/MLServer |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for variant in variants:
         for workers in worker_counts:
             for clients in levels:
@@ -221,7 +260,7 @@ def main() -> None:
                 for name in names:
                     runs = results[variant, workers, clients, name]
                     cells[name] = [h.median([run[i] for run in runs]) for i in range(4)]
-                off, ours, bento = cells["off"], cells["ours"], cells["bentoml"]
+                off, ours, bento, mlserver = cells["off"], cells["ours"], cells["bentoml"], cells["mlserver"]
 
                 def cell(values: list[float], batch: bool = True) -> str:
                     text = f"{values[0]:.0f}/s, {values[1]:.2f} ms, {values[2]:.2f} ms"
@@ -229,7 +268,8 @@ def main() -> None:
 
                 print(
                     f"| {variant} | {workers} | {clients} | {cell(off, False)} | {cell(ours)} | {cell(bento)} | "
-                    f"{ours[0] / off[0]:.2f}x | {ours[0] / bento[0]:.2f}x |"
+                    f"{cell(mlserver)} | {ours[0] / off[0]:.2f}x | {ours[0] / bento[0]:.2f}x | "
+                    f"{ours[0] / mlserver[0]:.2f}x |"
                 )
 
 

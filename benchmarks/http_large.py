@@ -1,9 +1,25 @@
-"""Large bodies: 1, 10 and 100 MB float32 ``.npy`` echoed through ``/invocations``, against a raw-socket echo ceiling.
+"""Large bodies: 1, 10 and 100 MB float32 ``.npy`` echoed through ``/invocations`` by ours, BentoML and MLServer,
+against a raw-socket echo ceiling.
 
 Each contender is one worker process (so its peak RSS is one process's); the client sends the body with a
 Content-Length (and, for 100 MB, also ``Transfer-Encoding: chunked``) and reads the answer into one preallocated
-buffer. Throughput = payload / round-trip time (upload + download), the same definition for the ceiling.
-Run: ``.venv/bin/python benchmarks/http_large.py`` (``--quick``: fewer repeats).
+buffer. Throughput = payload / round-trip time (upload + download), the same definition for the ceiling. Ours
+runs without a body limit (``SAGEMAKER_MAX_PAYLOAD_IN_MB=0``), as the peers do. Every server echoes 1 MB once before
+its idle RSS is read and the repeats start (which checks the echo's length, and loads what a first request loads).
+
+The peers, each from PyPI in its own virtualenv (``_peers.py``), echo the same ``.npy`` bytes in the same run, on
+``POST /invocations``:
+
+- BentoML (``workers=1``, access log off): a ``@bentoml.api`` whose input is the request's body as it came (an
+  ``IODescriptor`` reading ``await request.body()``: BentoML parses only JSON, multipart forms and its own pickle, and
+  its ``np.ndarray`` input and output are JSON lists) and whose answer is a starlette ``Response`` of those bytes.
+- MLServer (``parallel_workers: 1``, its inference pool): a custom handler of the echo runtime in ``_peers.py``
+  (``@custom_handler(rest_path="/invocations")``), which FastAPI hands the body as ``bytes`` and which answers them
+  as ``application/x-npy``; with the pool, MLServer pickles them to its worker process and back. Not its v2 path:
+  its REST server refuses Triton's binary tensor extension (HTTP 422, see ``v2.py``), and a 100 MB array as v2 JSON
+  tensors is 26 million numbers as text.
+
+Run: ``.venv/bin/python benchmarks/http_large.py`` (about 2 minutes; ``--quick``: 3 repeats, under a minute).
 """
 
 from __future__ import annotations
@@ -12,16 +28,43 @@ import argparse
 import contextlib
 import http.client
 import os
+import tempfile
+import textwrap
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import _harness as h
+import _peers
 import numpy as np
 
 from inference_server import codecs
 
 SIZES_MB = (1, 10, 100)
 MiB = 1 << 20
+PEERS = ("BentoML", "MLServer")
+
+BENTOML_ECHO = """
+    import os
+
+    import bentoml
+    from starlette.responses import Response
+
+
+    class Body(bentoml.IODescriptor):
+        body: bytes
+
+        @classmethod
+        async def from_http_request(cls, request, serde):
+            return cls.model_construct(body=await request.body())
+
+
+    @bentoml.service(workers=int(os.environ["BENCH_WORKERS"]), logging={"access": {"enabled": False}})
+    class Echo:
+        @bentoml.api(route="/invocations", input_spec=Body)
+        def invocations(self, body: bytes):
+            return Response(body, media_type="application/x-npy")
+"""
 
 
 def _chunks(body: bytes, size: int = MiB) -> Iterator[memoryview]:
@@ -53,14 +96,28 @@ def round_trip(port: int, body: bytes, chunked: bool) -> float:
     return elapsed
 
 
+def start_peers(stack: contextlib.ExitStack) -> tuple[dict[str, h.Server], str]:
+    """BentoML and MLServer with one worker each: their servers, and what they are."""
+    site = Path(tempfile.mkdtemp(prefix="bench-bentoml-"))
+    (site / "bentoml_echo.py").write_text(textwrap.dedent(BENTOML_ECHO))
+    bentoml = stack.enter_context(_peers.bentoml(site, "bentoml_echo:Echo", 1, h.base_env()))
+    models = {"bench_echo": {"name": "bench_echo", "implementation": "echo_model.Echo"}}
+    mlserver, note = _peers.start_mlserver(stack, models, {"echo_model": _peers.MLSERVER_ECHO}, 1, h.base_env())
+    about = (
+        f"BentoML: {_peers.versions(_peers.bentoml_python(), 'bentoml', 'uvloop')}, workers=1; "
+        f"MLServer: {_peers.versions(_peers.mlserver_python(), 'mlserver', 'uvloop')}, {note}"
+    )
+    return {"BentoML": bentoml, "MLServer": mlserver}, about
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
     repeats = 3 if args.quick else 9
-    env = h.base_env(
-        INFERENCE_SERVER_PLUGINS="", SAGEMAKER_MAX_PAYLOAD_IN_MB="256", INFERENCE_SERVER_LOG_LEVEL="warning"
-    )
+    # No body limit, as the peers have none; with one, ours on granian refuses chunked bodies (411: granian cannot
+    # tell the app whether one arrived whole, see wsgi/_body.py) and reads them with its whole-body read without.
+    env = h.base_env(INFERENCE_SERVER_PLUGINS="", SAGEMAKER_MAX_PAYLOAD_IN_MB="0", INFERENCE_SERVER_LOG_LEVEL="warning")
 
     def ours(server: str) -> list[str]:
         return [h.PYTHON, "-m", "inference_server", "serve", "--host", "127.0.0.1", "--workers", "1",
@@ -76,7 +133,7 @@ def main() -> None:
         f"{os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d %H:%M')}, {repeats} repeats, "
         "median GB/s (payload / round trip)"
     )
-    print(f"before: {h.load()}")
+    print(f"before: {h.load()}", flush=True)
     results: dict[tuple[str, str], list[float]] = {}
     peaks: dict[str, int] = {}
     with contextlib.ExitStack() as stack:
@@ -85,10 +142,16 @@ def main() -> None:
             port = h.free_port()
             command = [*command, str(port)] if name.startswith("raw") else [*command, "--port", str(port)]
             servers[name] = stack.enter_context(h.running(name, command, port, env, ready_path="/ping"))
+        peers, about = start_peers(stack)
+        print(about, flush=True)
+        servers.update(peers)
+        for server in servers.values():
+            round_trip(server.port, bodies[1], chunked=False)  # warm-up; checks the echo's length
         idle = {name: server.rss() for name, server in servers.items()}
         cases = [(mb, False) for mb in SIZES_MB] + [(100, True)]
+        names = list(servers)
         for i in range(repeats):
-            for name in list(servers)[i % 3 :] + list(servers)[: i % 3]:
+            for name in names[i % len(names) :] + names[: i % len(names)]:
                 for mb, chunked in cases:
                     if chunked and name.startswith("raw"):
                         continue
@@ -102,7 +165,7 @@ def main() -> None:
     print(f"\n{'contender':<20}" + "".join(f"{label:>16}" for label in labels) + f"{'peak RSS rise':>16}")
     ceiling = {label: h.median(results[("raw-socket ceiling", label)]) for label in labels[:-1]}
     ceiling["100 MB chunked"] = ceiling["100 MB"]
-    for name in contenders:
+    for name in servers:
         cells = []
         for label in labels:
             if (name, label) not in results:
@@ -112,13 +175,19 @@ def main() -> None:
             cells.append(f"{value:>7.2f} ({value / ceiling[label]:.2f}x)")
         print(f"{name:<20}" + "".join(f"{c:>16}" for c in cells) + f"{peaks[name] / MiB:>14.0f} MiB")
     print("\nmin-max of the repeats, GB/s:")
-    for name in contenders:
+    for name in servers:
         print(
             f"{name:<20}"
             + "".join(
                 f"{h.spread(results[(name, label)]) if (name, label) in results else '-':>16}" for label in labels
             )
         )
+    print("\nours / peer, GB/s (ratio of the medians):")
+    print(f"{'':<30}" + "".join(f"{label:>16}" for label in labels))
+    for name in (name for name in servers if name.startswith("ours")):
+        for peer in PEERS:
+            ratios = [h.median(results[(name, label)]) / h.median(results[(peer, label)]) for label in labels]
+            print(f"{name + ' / ' + peer:<30}" + "".join(f"{ratio:>15.2f}x" for ratio in ratios))
 
 
 if __name__ == "__main__":

@@ -1,22 +1,37 @@
-"""Small JSON requests: our server on each backend against inference-server 1.3.3 and a bare WSGI app.
+"""Small JSON requests: our server on each backend against inference-server 1.3.3, a bare WSGI app, BentoML and
+MLServer.
 
 Every contender runs 2 worker processes; load comes from wrk (16 keep-alive connections, 2 threads) on
 ``POST /invocations`` with ``{"instances": [[10 floats]]}`` through a JSON echo model, and on ``GET /ping``.
 Contenders alternate, in a rotating order, for several rounds; medians are printed with ratios. "timeout0" is
 ours with ``--timeout 0``: requests run on the server's threads instead of a helper thread, without a 504 deadline.
-Run: ``.venv/bin/python benchmarks/http_small.py`` (``--quick``: one short round).
+
+The peers, each from PyPI in its own virtualenv (``_peers.py``), echo the same body in the same run:
+
+- BentoML (``workers=2``, access log off as ours is at warning): a ``@bentoml.api`` at ``/invocations`` taking
+  ``instances: list[list[float]]`` and returning ``{"instances": instances}``; its ping is ``GET /readyz``.
+- MLServer (``parallel_workers: 2``, its inference pool; its REST server is one process): the echo runtime of
+  ``_peers.py``, on ``POST /invocations`` (a custom handler taking and returning the same JSON body) and on its v2
+  path, ``POST /v2/models/bench_echo/infer`` with the same 10 floats as one JSON tensor (``[1, 10]`` FP64) echoed
+  back as an output; its ping is ``GET /v2/health/ready``.
+
+Run: ``.venv/bin/python benchmarks/http_small.py`` (about 5 minutes; ``--quick``: one short round, about 1 minute).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import http.client
+import json
 import os
 import platform
 import textwrap
 import time
+from pathlib import Path
 
 import _harness as h
+import _peers
 
 JSON_ECHO = """
     import orjson
@@ -45,14 +60,45 @@ BARE = """
         return [body]
 """
 
-BODY = '{"instances": [[0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0]]}'
-POST = f"""
+BENTOML_ECHO = """
+    import os
+
+    import bentoml
+
+
+    @bentoml.service(workers=int(os.environ["BENCH_WORKERS"]), logging={"access": {"enabled": False}})
+    class Echo:
+        @bentoml.api(route="/invocations")
+        def invocations(self, instances: list[list[float]]) -> dict:
+            return {"instances": instances}
+"""
+
+MODEL = "bench_echo"
+ROW = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0]
+BODY = json.dumps({"instances": [ROW]})
+V2_BODY = json.dumps({"inputs": [{"name": "instances", "shape": [1, len(ROW)], "datatype": "FP64", "data": ROW}]})
+
+
+def _post(body: str) -> str:
+    return f"""
 wrk.method = "POST"
-wrk.body = '{BODY}'
+wrk.body = '{body}'
 wrk.headers["Content-Type"] = "application/json"
 wrk.headers["Accept"] = "application/json"
 """
+
+
+POST, V2_POST = _post(BODY), _post(V2_BODY)
 WORKERS = "2"
+#: name -> (POST path, wrk script, ping path) of the contenders that are not served as ours is.
+ROUTES = {
+    "bare gunicorn": ("/", POST, "/"),
+    "bare granian": ("/", POST, "/"),
+    "BentoML": ("/invocations", POST, "/readyz"),
+    "MLServer /invocations": ("/invocations", POST, "/v2/health/ready"),
+    "MLServer v2 infer": (f"/v2/models/{MODEL}/infer", V2_POST, "/v2/health/ready"),
+}
+PEERS = ("BentoML", "MLServer /invocations", "MLServer v2 infer")
 
 
 def contenders(site: str, threads: str) -> dict[str, tuple[str, dict[str, str], str]]:
@@ -99,6 +145,34 @@ def observability(site: str, threads: str) -> dict[str, tuple[str, dict[str, str
     }
 
 
+def start_peers(stack: contextlib.ExitStack, site: str) -> tuple[dict[str, h.Server], str]:
+    """BentoML and MLServer with ``WORKERS`` workers each: their servers by contender name, and what they are."""
+    (Path(site) / "bentoml_echo.py").write_text(textwrap.dedent(BENTOML_ECHO))
+    bentoml = stack.enter_context(_peers.bentoml(Path(site), "bentoml_echo:Echo", int(WORKERS), h.base_env()))
+    models = {MODEL: {"name": MODEL, "implementation": "echo_model.Echo"}}
+    runtimes = {"echo_model": _peers.MLSERVER_ECHO}
+    mlserver, note = _peers.start_mlserver(stack, models, runtimes, int(WORKERS), h.base_env())
+    about = (
+        f"BentoML: {_peers.versions(_peers.bentoml_python(), 'bentoml', 'uvloop')}, workers={WORKERS}; "
+        f"MLServer: {_peers.versions(_peers.mlserver_python(), 'mlserver', 'uvloop')}, {note}"
+    )
+    return {"BentoML": bentoml, "MLServer /invocations": mlserver, "MLServer v2 infer": mlserver}, about
+
+
+def check(name: str, port: int) -> None:
+    """One request: a peer's answer is the echo of its body."""
+    path, lua, _ = ROUTES[name]
+    v2 = lua == V2_POST
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    connection.request("POST", path, body=V2_BODY if v2 else BODY, headers={"Content-Type": "application/json"})
+    response = connection.getresponse()
+    answer = json.loads(response.read())
+    connection.close()
+    echoed, expected = (answer["outputs"][0]["data"], ROW) if v2 else (answer, json.loads(BODY))
+    if response.status != 200 or echoed != expected:
+        raise RuntimeError(f"{name}: {response.status} {answer!r} is not the echo of {expected}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="one round of 3 s per measurement")
@@ -116,7 +190,7 @@ def main() -> None:
     print(
         f"{platform.node()} {os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d %H:%M')}, threads per worker {args.threads}"
     )
-    print(f"before: {h.load()}")
+    print(f"before: {h.load()}", flush=True)
     results: dict[str, dict[str, list[float]]] = {}
     with contextlib.ExitStack() as stack:
         servers = {}
@@ -125,19 +199,24 @@ def main() -> None:
             port = h.free_port()
             command = template.format(port=port).split()
             servers[name] = stack.enter_context(h.running(name, command, port, env, ready))
-            results[name] = {"invocations": [], "ping": [], "cpu_us": []}
+        if not args.observability:
+            peers, about = start_peers(stack, site)
+            print(about, flush=True)
+            for name, server in peers.items():
+                check(name, server.port)
+            servers.update(peers)
+        results = {name: {"invocations": [], "ping": [], "cpu_us": []} for name in servers}
         names = list(servers)
         for round_ in range(rounds):
             order = names[round_ % len(names) :] + names[: round_ % len(names)]
             for name in order:
                 port = servers[name].port
-                path = "/invocations" if not name.startswith("bare") else "/"
+                path, lua, ping_path = ROUTES.get(name, ("/invocations", POST, "/ping"))
                 cpu = servers[name].cpu_seconds()
-                rate = h.wrk(f"http://127.0.0.1:{port}{path}", seconds, 16, POST)
+                rate = h.wrk(f"http://127.0.0.1:{port}{path}", seconds, 16, lua)
                 results[name]["invocations"].append(rate)
                 results[name]["cpu_us"].append((servers[name].cpu_seconds() - cpu) / (rate * round(seconds)) * 1e6)
-                ping = "/ping" if not name.startswith("bare") else "/"
-                results[name]["ping"].append(h.wrk(f"http://127.0.0.1:{port}{ping}", seconds, 16))
+                results[name]["ping"].append(h.wrk(f"http://127.0.0.1:{port}{ping_path}", seconds, 16))
     print(f"after: {h.load()}; medians of {rounds} round(s) of {seconds} s, min-max of the rounds in brackets")
     if args.observability:
         base = h.median(results["neither"]["invocations"])
@@ -170,6 +249,12 @@ def main() -> None:
             f"{name:<22} {invocations:>16.0f}/s {spread:>14} {ping:>10.0f}/s "
             f"{invocations / legacy:>8.2f}x {vs_bare:>21}"
         )
+    print("\nours / peer, POST requests/s (ratio of the medians):")
+    print(f"{'':<22}" + "".join(f" {peer:>22}" for peer in PEERS))
+    for name in (name for name in results if name.startswith("ours")):
+        ours = h.median(results[name]["invocations"])
+        cells = (f"{ours / h.median(results[peer]['invocations']):.2f}x" for peer in PEERS)
+        print(f"{name:<22}" + "".join(f" {cell:>22}" for cell in cells))
 
 
 if __name__ == "__main__":

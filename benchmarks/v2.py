@@ -16,9 +16,9 @@ model, one worker per server:
   ``MLModel`` whose ``predict`` decodes each input with ``NumpyCodec`` and encodes it back as an output, through the
   same tritonclient calls. Its REST server does not implement Triton's binary tensor extension (it answers 422): the
   script tries binary first and, when it is refused, measures JSON tensors and says so. Its inference pool
-  (``parallel_workers: 1``, its default) is tried first; when it fails to start (with uvloop 0.23 its worker process
-  dies in ``asyncio.get_event_loop()``), MLServer runs with ``parallel_workers: 0`` (inference in the server's own
-  process), and the output says which.
+  (``parallel_workers: 1``, its default) is tried first; when it fails to start (its virtualenv pins uvloop 0.21.0:
+  with 0.22 and later its worker process dies in ``asyncio.get_event_loop()``, see ``_peers.py``), MLServer runs
+  with ``parallel_workers: 0`` (inference in the server's own process), and the output says which.
 
 One client, sequential requests over one kept-alive connection per contender (a latency measurement: on 2 cores
 concurrent Python clients would measure the client); the timing of each request includes the client's encoding and
@@ -37,27 +37,19 @@ import contextlib
 import http.client
 import importlib.metadata
 import io
-import json
 import os
 import platform
-import re
-import subprocess
-import sys
-import tempfile
-import textwrap
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import _harness as h
+import _peers
 import numpy as np
 import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
 from inference_server.client import InferenceResponse, V2Client
 
-MLSERVER_VENV = h.ROOT / "benchmarks" / ".venv-mlserver"
-MLSERVER = "mlserver==1.7.1"
 MODEL = "bench_echo"
 SEED = np.random.default_rng(0).standard_normal((10000, 3, 4))
 
@@ -72,61 +64,6 @@ OURS = """
     def predict_fn(data, model):
         return data
 """
-
-MLSERVER_MODEL = """
-    from mlserver import MLModel
-    from mlserver.codecs import NumpyCodec
-    from mlserver.types import InferenceRequest, InferenceResponse
-
-
-    class Echo(MLModel):
-        async def load(self) -> bool:
-            return True
-
-        async def predict(self, payload: InferenceRequest) -> InferenceResponse:
-            outputs = [
-                NumpyCodec.encode_output(tensor.name, NumpyCodec.decode_input(tensor)) for tensor in payload.inputs
-            ]
-            return InferenceResponse(model_name=self.name, outputs=outputs)
-"""
-
-
-def mlserver_python() -> Path:
-    """The Python of a virtualenv with MLServer, created if missing."""
-    python = MLSERVER_VENV / "bin" / "python"
-    if not python.exists():
-        print(f"creating {MLSERVER_VENV} with {MLSERVER} ...", flush=True)
-        subprocess.run([sys.executable, "-m", "venv", str(MLSERVER_VENV)], check=True)
-        subprocess.run([str(python), "-m", "pip", "install", "--quiet", MLSERVER], check=True)
-    return python
-
-
-def mlserver_version(python: Path) -> str:
-    code = "import importlib.metadata as m; print(m.version('mlserver'), m.version('uvloop'))"
-    mlserver, uvloop = subprocess.run([str(python), "-c", code], capture_output=True, text=True).stdout.split()
-    return f"MLServer {mlserver} (uvloop {uvloop})"
-
-
-def mlserver_root(parallel_workers: int) -> tuple[Path, int]:
-    """A model repository for MLServer: server settings on free ports, the echo model in its folder."""
-    root = Path(tempfile.mkdtemp(prefix="bench-mlserver-"))
-    port = h.free_port()
-    settings = {
-        "debug": False,  # no access log (ours logs at warning)
-        "host": "127.0.0.1",
-        "http_port": port,
-        "grpc_port": h.free_port(),
-        "metrics_port": h.free_port(),
-        "parallel_workers": parallel_workers,
-        "environments_dir": str(root / ".envs"),  # (by default in the working directory)
-        "metrics_dir": str(root / ".metrics"),
-    }
-    (root / "settings.json").write_text(json.dumps(settings))
-    model = root / MODEL
-    model.mkdir()
-    (model / "model-settings.json").write_text(json.dumps({"name": MODEL, "implementation": "echo_model.Echo"}))
-    (model / "echo_model.py").write_text(textwrap.dedent(MLSERVER_MODEL))
-    return root, port
 
 
 # -- clients: each sends the seed and returns the decoded echo -------------------------------------------------------
@@ -220,46 +157,6 @@ def timed(client: Callable[[np.ndarray], np.ndarray], seconds: float, at_least: 
     return count, time.perf_counter() - started
 
 
-def ready(server: h.Server, path: str = f"/v2/models/{MODEL}/ready", seconds: float = 60) -> None:
-    """Wait until ``path`` answers 200: the harness waits for any answer, and MLServer answers its model's readiness
-    with 400 while the model loads (and 404 when it failed to), then may exit."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if server.process.poll() is not None:
-            raise RuntimeError(f"{server.name} exited: {Path(server.log.name).read_text()[-3000:]}")
-        with contextlib.suppress(OSError):
-            connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=2)
-            connection.request("GET", path)
-            status = connection.getresponse().status
-            connection.close()
-            if status == 200:
-                return
-        time.sleep(0.1)
-    raise RuntimeError(f"{server.name}: {path} did not answer 200 within {seconds:g} s")
-
-
-def start_mlserver(stack: contextlib.ExitStack, python: Path) -> tuple[h.Server, str]:
-    """MLServer with its inference pool of one worker, else (when the pool fails to start) in-process; and which."""
-    mlserver = str(python.parent / "mlserver")
-    note = "parallel_workers 1 (its inference pool: one worker process)"
-    for parallel_workers in (1, 0):
-        root, port = mlserver_root(parallel_workers)
-        env = h.base_env(PYTHONPATH=str(root / MODEL))
-        server = stack.enter_context(h.running("mlserver", [mlserver, "start", str(root)], port, env, "/v2"))
-        try:
-            ready(server)
-        except RuntimeError as exc:
-            server.stop()
-            if parallel_workers == 0:
-                raise
-            errors = re.findall(r"^\w+Error: .*$", Path(server.log.name).read_text(), re.MULTILINE)
-            reason = errors[0] if errors else str(exc).splitlines()[0]  # the first: the cause
-            note = f"parallel_workers 0 (in-process: its pool of 1 worker failed to start: {reason})"
-            continue
-        return server, note
-    raise AssertionError("unreachable")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="2 rounds of 1 s")
@@ -268,7 +165,7 @@ def main() -> None:
     parser.add_argument("--server", choices=("granian", "gunicorn"), default="granian", help="our HTTP server")
     args = parser.parse_args()
     rounds, seconds = (2, 1.0) if args.quick else (args.rounds, args.seconds)
-    python = mlserver_python()
+    python = _peers.mlserver_python()
     site = h.plugin_site({MODEL: OURS})
     env = h.base_env(
         PYTHONPATH=str(site),
@@ -292,9 +189,15 @@ def main() -> None:
         command = [h.PYTHON, "-m", "inference_server", "serve", "--host", "127.0.0.1", "--port", str(port)]
         command += ["--workers", "1", "--server", args.server]
         ours = stack.enter_context(h.running("ours", command, port, env, f"/v2/models/{MODEL}/ready"))
-        ready(ours)
-        mlserver, mlserver_note = start_mlserver(stack, python)
-        print(f"ours: --server {args.server}, --workers 1; {mlserver_version(python)}: {mlserver_note}")
+        h.ready(ours, f"/v2/models/{MODEL}/ready")
+        models = {MODEL: {"name": MODEL, "implementation": "echo_model.Echo"}}
+        mlserver, mlserver_note = _peers.start_mlserver(
+            stack, models, {"echo_model": _peers.MLSERVER_ECHO}, 1, h.base_env()
+        )
+        print(
+            f"ours: --server {args.server}, --workers 1; MLServer: {_peers.versions(python, 'mlserver', 'uvloop')}, "
+            f"{mlserver_note}"
+        )
 
         mlserver_binary = TritonClient(mlserver.port, binary=True)
         try:
