@@ -4,16 +4,22 @@ that logs every call (its body size) so that the tests see the requests the job 
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import pty
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from inference_server._settings import BatchStrategy
+from inference_server.transform import Predictor, TransformOptions, records, storage
+from inference_server.transform.local import Job as LocalJob
 
 COUNTING = """
     import os
@@ -99,6 +105,77 @@ def test_multirecord_lines_fill_requests_up_to_the_limit(job: Job) -> None:
     assert job.out("data.csv") == b"".join(lines).upper()
     assert "1 of 1 files transformed" in result.stderr
     assert "25000 records in 3 requests" in result.stderr
+
+
+def test_multirecord_lines_cut_fast_are_the_records_packed_one_by_one(job: Job) -> None:
+    """A file of CRLF and LF lines, blank lines, multi-byte characters and no final newline, over several 1 MB
+    requests: the job's requests and output are those of the records packed one by one (split + requests)."""
+
+    def line(number: int) -> bytes:  # CRLF and LF lines; one request's worth has blank lines (packed one by one)
+        ending = b"\r\n\r\n\n" if 15_000 <= number < 15_003 else b"\r\n" if number % 2 else b"\n"
+        return f"{number},é,{'v' * (number % 173)}".encode() + ending
+
+    lines = [line(number) for number in range(40_000)]
+    data = b"".join(lines) + b"last,without newline"
+    job.write("data.csv", data)
+    options = ("--split-type", "Line", "--batch-strategy", "MultiRecord", "--max-payload-in-mb", "1")
+    result = job.run(*options, "--assemble-with", "Line")
+    assert result.returncode == 0, result.stderr
+    split = records.split(io.BytesIO(data), "Line", "data.csv")
+    bodies = [request.body for request in records.requests(split, BatchStrategy.MULTI_RECORD, 1 << 20, "data.csv")]
+    assert len(bodies) > 3
+    assert job.calls() == [len(body) for body in bodies]
+    assert job.out("data.csv") == b"".join(body.upper() + b"\n" for body in bodies)
+    assert f"40001 records in {len(bodies)} requests" in result.stderr
+
+
+class _Unused(Predictor):
+    """A predictor for a job that only cuts requests."""
+
+    def __init__(self) -> None:
+        self.execution_parameters: dict[str, Any] = {}
+
+    def ready(self) -> None:
+        raise AssertionError("not called")
+
+    def predict(self, body: bytes, content_type: str, accept: str = "*/*") -> tuple[bytes, str]:
+        raise AssertionError("not called")
+
+
+@pytest.mark.parametrize(
+    ("options", "fast"),
+    [
+        ({}, True),
+        ({"assemble_with": "Line", "max_payload_in_mb": 0}, True),
+        ({"content_type": "text/csv", "accept": "application/json"}, True),
+        ({"batch_strategy": "SingleRecord"}, False),
+        ({"content_type": "text/csv", "input_filter": "$[1:]"}, False),
+        ({"content_type": "text/csv", "join_source": "Input"}, False),
+        ({"content_type": "application/jsonlines", "output_filter": "$.score"}, False),
+        ({"split_type": "RecordIO"}, False),
+        ({"split_type": "TFRecord"}, False),
+        ({"split_type": "None"}, False),
+    ],
+)
+def test_requests_are_cut_fast_only_when_no_record_is_needed_alone(
+    options: dict[str, Any], fast: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The byte-search cutting (records.line_requests) serves MultiRecord Line jobs without an input filter, join
+    or output filter, whatever the payload limit, assembly or media types; every other job packs records one by one."""
+    cut: list[tuple[Any, ...]] = []
+
+    def line_requests(*args: Any) -> Iterator[records.Request]:
+        cut.append(args)
+        return iter(())
+
+    monkeypatch.setattr(records, "line_requests", line_requests)
+    settings = {"split_type": "Line", "batch_strategy": "MultiRecord", "max_payload_in_mb": 1, **options}
+    transform_options = TransformOptions(**settings).resolved(
+        {"BatchStrategy": "MultiRecord", "MaxPayloadInMB": 6, "MaxConcurrentTransforms": 1}
+    )
+    local = LocalJob(transform_options, _Unused(), storage.store(str(tmp_path)), storage.store(str(tmp_path)))
+    list(local.requests_of(io.BytesIO(b""), "in", 0, None))
+    assert len(cut) == fast
 
 
 def test_singlerecord_sends_each_line_alone_and_line_assembly_ends_each_answer(job: Job) -> None:

@@ -5,9 +5,12 @@ from __future__ import annotations
 import io
 import struct
 from pathlib import Path
+from typing import Any
 
 import crc32c as reference_crc32c
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tfrecord.writer import TFRecordWriter
 
 from inference_server._settings import BatchStrategy
@@ -193,3 +196,104 @@ def test_parts_read_apart_are_the_file_read_whole(split_type: str, tmp_path: Pat
         carried = whole[request.first : request.first + request.count]
         assert len({record.offset // size for record in carried}) == 1
     assert len(together) > len(list(records.requests(whole, MULTI, 250, "in")))
+
+
+def _packed_one_by_one(
+    data: bytes, limit: int | None, start: int = 0, end: int | None = None, part_size: int | None = None
+) -> list[Any]:
+    """What split + requests give for Line and MultiRecord: each request's fields, then the failure's message."""
+    stream = io.BytesIO(data)
+    stream.seek(start)
+    got: list[Any] = []
+    try:
+        for request in records.requests(records.split(stream, "Line", "in", start, end), MULTI, limit, "in", part_size):
+            got.append((request.body, request.first, request.count, request.originals, request.end))
+    except TransformError as exc:
+        got.append(str(exc))
+    return got
+
+
+class _Trickling(io.BytesIO):
+    """A stream that answers every read with 1 to 3 bytes, as a socket or an object store may."""
+
+    def read(self, size: int | None = -1) -> bytes:
+        return super().read() if size is None or size < 0 else super().read(min(size, 1 + self.tell() % 3))
+
+
+def _cut_fast(
+    data: bytes,
+    limit: int | None,
+    start: int = 0,
+    end: int | None = None,
+    part_size: int | None = None,
+    stream: io.BytesIO | None = None,
+) -> list[Any]:
+    """What line_requests gives, in the same shape as :func:`_packed_one_by_one`."""
+    stream = io.BytesIO(data) if stream is None else stream
+    stream.seek(start)
+    got: list[Any] = []
+    try:
+        for request in records.line_requests(stream, limit, "in", start, end, part_size):
+            got.append((request.body, request.first, request.count, request.originals, request.end))
+    except TransformError as exc:
+        got.append(str(exc))
+    return got
+
+
+TRICKY = {
+    "empty file": b"",
+    "no trailing newline": b"1,2\n3,4\n5,6",
+    "crlf": b"1,2\r\n3,4\r\n5,6\r\n",
+    "crlf without the last": b"1,2\r\n3,4\r\n5,6\r",
+    "blank lines": b"\n\n1,2\n\n\n3,4\r\n\r\n5,6\n\n",
+    "only blank lines": b"\n\r\n\n\r",
+    "a lone carriage return is data": b"\r\r\n\ra\n\r\n",
+    "exactly the limit": b"0123456789abcdef01\n",
+    "one byte over the limit": b"0123456789abcdef012\n",
+    "a record over the limit after others": b"a\nb\n" + b"x" * 40 + b"\nc\n",
+    "a record over the limit without a newline": b"a\n" + b"y" * 30,
+    "a blank line after a full request": b"0123456789abcdefg\n\r\nz",  # 19 bytes of records: they fit
+    "unicode": "é,ü\n漢字,😀\r\nñ\n".encode(),
+}
+
+
+@pytest.mark.parametrize("limit", [None, 1, 5, 19, 20, 64])
+@pytest.mark.parametrize("data", list(TRICKY.values()), ids=list(TRICKY))
+def test_lines_cut_with_byte_searches_are_the_records_packed_one_by_one(data: bytes, limit: int | None) -> None:
+    """line_requests gives split + requests' MultiRecord requests (bodies, first records, counts, ends) and failures
+    byte for byte, on inputs that break naive cutting: blank lines, CRLF, no final newline, records at and over the
+    limit (the request before one over the limit is never given), an empty file, multi-byte characters."""
+    assert _cut_fast(data, limit) == _packed_one_by_one(data, limit)
+
+
+def test_a_record_over_the_limit_fails_line_requests_as_it_fails_requests() -> None:
+    """A line over MaxPayloadInMB fails the file with the same message (index, offset, size, limit) whether the
+    requests are cut fast or packed one record at a time, and nothing is sent before it in either."""
+    data = b"ok\n" + b"x" * 50 + b"\n" + b"never\n"
+    with pytest.raises(TransformError, match=r"in: record 1 \(at byte 3\) is 51 bytes, over the limit of 40") as raised:
+        list(records.line_requests(io.BytesIO(data), 40, "in"))
+    assert [str(raised.value)] == _packed_one_by_one(data, 40)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    pieces=st.lists(st.sampled_from([b"\n", b"\r\n", b"\r", b"a", b"bc,1", b"\xc3\xa9", b"long" * 4]), max_size=40),
+    limit=st.sampled_from([None, 1, 2, 3, 5, 8, 13, 30]),
+    part_size=st.sampled_from([None, 7, 16, 50]),
+    part=st.integers(min_value=-1, max_value=6),
+    trickle=st.booleans(),
+)
+def test_line_requests_match_requests_for_any_lines_limits_and_parts(
+    pieces: list[bytes], limit: int | None, part_size: int | None, part: int, trickle: bool
+) -> None:
+    """For any mix of lines, blank lines and carriage returns, any limit and part size, a whole file or one part of
+    it (from start_at, up to its end), and streams that return a few bytes a read, line_requests equals split +
+    requests."""
+    data = b"".join(pieces)
+    start, end = 0, None
+    if part_size is not None and part >= 0:
+        start = records.start_at(io.BytesIO(data), "Line", part * part_size, "in")
+        end = (part + 1) * part_size
+    stream = _Trickling(data) if trickle else None
+    expected = _packed_one_by_one(data, limit, start, end, part_size)
+    assert _cut_fast(data, limit, start, end, part_size, stream) == expected

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from inference_server._settings import BatchStrategy
 from inference_server.errors import HookError, HTTPError, PredictionError, TransformError
 from inference_server.transform import Predictor, TransformOptions, TransformSummary, filters, records, storage
 from inference_server.transform.storage import Store
@@ -127,6 +128,16 @@ class Job:
             framed = payload + b"\n" if self.options.split_type == "Line" else payload
             yield records.Record(record.index, record.offset, framed, payload, record.payload if keep else None)
 
+    def requests_of(self, source: BinaryIO, name: str, start: int, end: int | None) -> Iterator[records.Request]:
+        """The requests for the file's records starting in ``[start, end)``. MultiRecord Line records without filters or
+        a join are never needed one by one: their requests are cut from the file with byte searches."""
+        strategy = self.options.batch_strategy
+        assert strategy is not None  # resolved
+        limit, part_size = self.options.limit, self.options.part_size
+        if self.options.split_type == "Line" and strategy is BatchStrategy.MULTI_RECORD and self.processing is None:
+            return records.line_requests(source, limit, name, start, end, part_size)
+        return records.requests(self.split(source, name, start, end), strategy, limit, name, part_size)
+
     def answers(self, requests: Iterator[records.Request], name: str) -> Iterator[tuple[records.Request, bytes]]:
         """The answers to ``requests`` in their order, computed up to the bound of bodies held at once."""
         pending: collections.deque[tuple[records.Request, concurrent.futures.Future[bytes]]] = collections.deque()
@@ -169,8 +180,6 @@ class Job:
 
     def task(self, task: Task) -> None:
         """Transform a file, or one part of it into its part file (see ``tasks.plan``)."""
-        strategy = self.options.batch_strategy
-        assert strategy is not None  # resolved
         part_size = self.options.part_size
         name = task.name
         try:
@@ -181,11 +190,8 @@ class Job:
                     start = records.start_at(source, self.options.split_type, task.part * part_size, name)
                     end = (task.part + 1) * part_size
                     name = f"{name} (part {task.part + 1} of {task.parts}, records counted from byte {start})"
-                split = self.split(source, name, start, end)
                 read = start
-                for request, answer in self.answers(
-                    records.requests(split, strategy, self.options.limit, name, part_size), name
-                ):
+                for request, answer in self.answers(self.requests_of(source, name, start, end), name):
                     sink.write(answer)
                     self.count(request.count, len(request.body), len(answer), request.end - read)
                     read = request.end
