@@ -1,4 +1,5 @@
-"""Helper threads that let a request be answered when its work overruns."""
+"""Deadlines: the watchdog that cancels calls run inline, and the helper threads that let ``/ping`` and streams be
+answered when their work overruns."""
 
 from __future__ import annotations
 
@@ -124,4 +125,79 @@ def test_cancelled_call_waiting_for_a_slot_does_not_keep_it() -> None:
     slots.release()
     waiter.join(5)
     assert isinstance(errors[0], _deadlines.Cancelled)
+    assert slots.acquire(blocking=False)
+
+
+def _until(condition: Callable[[], bool], seconds: float = 5) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+
+
+def test_the_watchdog_cancels_an_overrunning_call_and_reports_it_stuck_after_the_grace() -> None:
+    """Past its deadline a running call is cancelled (its model slot given back at once, so others go on); still
+    watched ``grace`` later, it is reported stuck, once."""
+    watchdog = _deadlines.Watchdog(grace=0.2, period=0.01)
+    slots = threading.BoundedSemaphore(1)
+    stuck: list[float] = []
+    call = _deadlines.Call(deadline=time.monotonic() + 0.1, stuck=lambda: stuck.append(time.monotonic()))
+    call.enter(_deadlines.WAITING)
+    call.take_slot(slots)
+    started = time.monotonic()
+    watchdog.watch(call)
+    _until(lambda: call.cancelled)
+    assert call.overran == _deadlines.RUNNING
+    assert slots.acquire(blocking=False)  # given back while the work still runs
+    _until(lambda: bool(stuck))
+    assert stuck[0] - started >= 0.25
+    time.sleep(0.1)
+    assert len(stuck) == 1
+    watchdog.unwatch(call)
+    with pytest.raises(_deadlines.Cancelled):
+        call.enter(_deadlines.RUNNING)  # the work stops at its next stage
+    slots.release()
+
+
+def test_work_that_ends_within_the_grace_is_not_reported_stuck() -> None:
+    """A call unwatched (its work ended) after its deadline but before the grace is over is not reported."""
+    watchdog = _deadlines.Watchdog(grace=0.3, period=0.01)
+    stuck: list[bool] = []
+    call = _deadlines.Call(deadline=time.monotonic() + 0.05, stuck=lambda: stuck.append(True))
+    call.stage = _deadlines.RUNNING
+    watchdog.watch(call)
+    _until(lambda: call.cancelled)
+    watchdog.unwatch(call)
+    time.sleep(0.5)
+    assert stuck == []
+
+
+def test_a_body_read_past_its_read_deadline_is_aborted() -> None:
+    """A call still reading its body past the read deadline is cancelled and its read aborted; a call that got past
+    reading is held to the later deadline only."""
+    watchdog = _deadlines.Watchdog(grace=1, period=0.01)
+    aborted: list[str] = []
+    reading = _deadlines.Call(time.monotonic() + 0.05, time.monotonic() + 60, abort=lambda: aborted.append("r"))
+    waiting = _deadlines.Call(time.monotonic() + 0.05, time.monotonic() + 60, abort=lambda: aborted.append("w"))
+    waiting.enter(_deadlines.WAITING)
+    watchdog.watch(reading)
+    watchdog.watch(waiting)
+    _until(lambda: reading.cancelled)
+    time.sleep(0.1)
+    assert (aborted, reading.overran, waiting.cancelled) == (["r"], _deadlines.READING, False)
+    watchdog.unwatch(reading)
+    watchdog.unwatch(waiting)
+
+
+def test_waiting_for_a_slot_ends_at_the_deadline() -> None:
+    """A call waiting for a busy model slot stops at its deadline (Cancelled), holding no slot."""
+    slots = threading.BoundedSemaphore(1)
+    slots.acquire()
+    call = _deadlines.Call(deadline=time.monotonic() + 0.1)
+    started = time.monotonic()
+    with pytest.raises(_deadlines.Cancelled):
+        call.take_slot(slots)
+    assert 0.09 <= time.monotonic() - started < 1
+    assert (call.cancelled, call.overran) == (True, _deadlines.WAITING)
+    slots.release()
     assert slots.acquire(blocking=False)

@@ -1,22 +1,36 @@
-"""Deadlines for a request's work: it runs on a helper thread, so that the request can be answered when it overruns.
+"""Deadlines for a request's work, which runs on the HTTP server's own thread while one watchdog thread per process
+keeps the time.
 
-A hook stuck in ``time.sleep`` or in native code cannot be interrupted on the thread that runs it, so the thread the
-HTTP server gave the request waits for the work with a deadline and answers 408 or 504 itself. Helper threads are
-kept and reused; one that overran is abandoned and rejoins the pool when its work ends. Work is never interrupted
-from outside (``PyThreadState_SetAsyncExc`` can leave a model half-updated, and slows every thread while its target
-sits in native code): a call that was answered stops itself at its next stage, and work that does not end is
-contained by replacing the worker process. The work runs in a copy of the caller's ``contextvars`` context, so the
-request's context variables reach the hooks and nothing the work sets stays on the reused thread.
+A hook stuck in ``time.sleep`` or in native code cannot be interrupted on the thread that runs it, and interrupting
+it from outside (``PyThreadState_SetAsyncExc``) can leave a model half-updated and slows every thread while its
+target sits in native code. So work is never interrupted: the :class:`Watchdog` marks a call that overran its
+deadline answered (:meth:`Call.cancel`: its model slot is given back at once, so other requests go on), and the
+call stops itself at its next stage, raising :class:`Cancelled` (the request is answered 504, or 408 for a body that
+did not arrive in time, whose read the watchdog aborts). Work still running ``grace`` seconds after its deadline is
+reported stuck, and its worker process is replaced. Running the work inline saves the two thread switches per
+request a hand-off to a helper thread costs (about half of a small request's throughput); the price is that a hook
+that overruns is answered when it returns, not at the deadline, and a hook that never returns has its connection
+closed when its worker is replaced.
+
+A :class:`Pool` of helper threads still runs what must be answered at its deadline whatever the work does:
+``ping_fn`` (``/ping`` answers within 2 s) and the chunks of a stream under ``--stream-timeout``. Helpers are kept
+and reused; one that overran is abandoned and rejoins the pool when its work ends. The work runs in a copy of the
+caller's ``contextvars`` context, so the request's context variables reach the hooks and nothing the work sets
+stays on the reused thread.
 """
 
 from __future__ import annotations
 
 import contextvars
 import functools
+import logging
+import math
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
+
+logger = logging.getLogger("inference_server")
 
 #: The stages of a call, in order; a timeout says which one overran.
 READING, WAITING, RUNNING = "reading the request body", "waiting for the model", "running the hooks"
@@ -27,13 +41,29 @@ class Cancelled(BaseException):
 
 
 class Call:
-    """One request's work in progress, shared by the waiting request thread and the helper thread."""
+    """One request's work in progress, shared by the thread that runs it and the :class:`Watchdog`.
 
-    __slots__ = ("_lock", "_slot", "cancelled", "stage")
+    ``read_deadline`` and ``deadline`` are ``time.monotonic()`` values (``inf``: none): past the first while the body
+    is still being read, ``abort`` is called (it ends the read); past the second the call is cancelled, and ``stuck``
+    is called if the work is still running ``grace`` seconds later."""
 
-    def __init__(self) -> None:
+    __slots__ = ("_lock", "_slot", "abort", "cancelled", "deadline", "overran", "read_deadline", "stage", "stuck",
+                 "stuck_at")  # fmt: skip
+
+    def __init__(
+        self,
+        read_deadline: float = math.inf,
+        deadline: float = math.inf,
+        abort: Callable[[], object] | None = None,
+        stuck: Callable[[], object] | None = None,
+    ) -> None:
         self.stage = READING
         self.cancelled = False
+        #: The stage the call was in when it was cancelled.
+        self.overran = READING
+        self.read_deadline, self.deadline = read_deadline, deadline
+        self.abort, self.stuck = abort, stuck
+        self.stuck_at = math.inf
         self._slot: threading.Semaphore | None = None
         self._lock = threading.Lock()
 
@@ -44,9 +74,14 @@ class Call:
         self.stage = stage
 
     def take_slot(self, slots: threading.Semaphore) -> None:
-        """Wait for a model slot, then run the hooks (stage RUNNING); :meth:`give_back` returns the slot."""
+        """Wait for a model slot (until the deadline), then run the hooks (stage RUNNING); :meth:`give_back` returns
+        the slot."""
         self.enter(WAITING)
-        slots.acquire()
+        if self.deadline == math.inf:
+            slots.acquire()
+        elif not slots.acquire(timeout=max(0.0, self.deadline - time.monotonic())):
+            self.cancel()
+            raise Cancelled
         with self._lock:
             if self.cancelled:
                 slots.release()
@@ -64,10 +99,59 @@ class Call:
     def cancel(self) -> str:
         """Mark the call answered, give back its slot (the overrunning work goes on without it); return its stage."""
         with self._lock:
-            self.cancelled = True
-            stage = self.stage
+            if not self.cancelled:
+                self.cancelled = True
+                self.overran = self.stage
+            stage = self.overran
         self.give_back()
         return stage
+
+    def check(self, now: float, grace: float) -> None:
+        """What the watchdog does for this call at ``now``."""
+        if self.cancelled:
+            if now >= self.stuck_at:
+                self.stuck_at = math.inf
+                if self.stuck is not None:
+                    self.stuck()
+        elif self.stage == READING and now >= self.read_deadline:
+            self.cancel()
+            if self.abort is not None:
+                self.abort()
+        elif now >= self.deadline and self.cancel() == RUNNING:
+            self.stuck_at = now + grace
+
+
+class Watchdog:
+    """One thread per process that checks the calls it watches every ``period`` seconds (see :meth:`Call.check`);
+    started with the first call. Watching and unwatching are a set's add and discard: no lock, no thread switch."""
+
+    def __init__(self, grace: float, period: float = 0.05) -> None:
+        self.grace = grace
+        self.period = period
+        self._calls: set[Call] = set()
+        self._started = False
+        self._lock = threading.Lock()
+
+    def watch(self, call: Call) -> None:
+        self._calls.add(call)
+        if not self._started:
+            with self._lock:
+                if not self._started:
+                    threading.Thread(target=self._loop, name="watchdog", daemon=True).start()
+                    self._started = True
+
+    def unwatch(self, call: Call) -> None:
+        self._calls.discard(call)
+
+    def _loop(self) -> None:
+        while True:
+            time.sleep(self.period)
+            now = time.monotonic()
+            for call in list(self._calls):  # (a copy made in one step: the set may change meanwhile)
+                try:
+                    call.check(now, self.grace)
+                except Exception:  # an abort or stuck callback failed: the watchdog must go on
+                    logger.exception("Watchdog: checking a request's deadline failed")
 
 
 class TimedOut(Exception):

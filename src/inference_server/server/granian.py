@@ -79,7 +79,13 @@ def check_internals(server: MPServer) -> None:
 #: granian joins a list answer's buffers itself, so the app hands it the arrays' own memory (no copy); its body
 #: read, called from a thread of ours, would stall the whole worker while a client is slow to send; it cannot tell
 #: the app that a chunked body was cut short (see ``Reading.verifies_chunked``).
-BACKEND = Backend(bytes_only=False, read_on_server_thread=True, check_head=True, body=Reading(verifies_chunked=False))
+BACKEND = Backend(
+    bytes_only=False,
+    closes_lists=False,
+    read_on_server_thread=True,
+    check_head=True,
+    body=Reading(verifies_chunked=False),
+)
 
 
 def granian_app() -> App:

@@ -18,6 +18,7 @@ import contextlib
 import html
 import json
 import logging
+import os
 import random
 import re
 import signal
@@ -129,6 +130,16 @@ class Worker(ThreadWorker):  # type: ignore[misc]
             if not self.alive and self.max_requests and self.nr >= self.max_requests and state is not None:
                 state.note_exit("max-requests")  # gunicorn counts --max-requests itself, then exits
 
+    def run(self) -> None:
+        """gunicorn's loop; once its graceful period is over, a request still running (its hooks stuck past the
+        deadline: they run on the server's threads) would keep the process alive for ever, its thread joined at
+        exit. The worker exits then, as a SIGKILL would, so that its connections close and its successor serves."""
+        super().run()
+        if self.nr_conns > 0:
+            logger.warning("Worker %d: exiting with %d request(s) still running", self.pid, self.nr_conns)
+            _logging.flush()
+            os._exit(0)
+
     def handle_exit(self, sig: int, frame: Any) -> None:
         state = getattr(self.wsgi, "worker", None)
         if state is not None and not state.stop_requested():
@@ -189,10 +200,16 @@ def _send_continue(environ: Any) -> None:
         environ["gunicorn.socket"].sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
 
 
+def _end_the_read(environ: Any) -> None:
+    """End a body read blocked on the client's socket (``recv`` returns 0): the client is answered 408."""
+    with contextlib.suppress(OSError, KeyError):
+        environ["gunicorn.socket"].shutdown(socket.SHUT_RD)
+
+
 #: gunicorn bounds the head too (``_Request``); the Host checks are the point of ``check_head``.
 BACKEND = Backend(
     check_head=True,
-    body=Reading(send_continue=_send_continue, client_errors=(gunicorn.http.errors.NoMoreData,)),
+    body=Reading(send_continue=_send_continue, client_errors=(gunicorn.http.errors.NoMoreData,), abort=_end_the_read),
     arrival=_arrival,
 )
 

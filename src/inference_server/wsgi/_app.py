@@ -217,7 +217,8 @@ class App:
             close(body)
             return []
         if isinstance(body, Body) or type(body) not in (list, tuple):  # (made as it is sent: converted as it comes)
-            return (body if isinstance(body, Body) else Body(body)).prepare(self.backend.bytes_only)
+            body = body if isinstance(body, Body) else Body(body)
+            return body.prepare(self.backend.bytes_only, hand_over=not self.backend.closes_lists)
         if self.backend.bytes_only:
             return [chunk if isinstance(chunk, bytes) else bytes(chunk) for chunk in body]
         return body

@@ -37,6 +37,9 @@ class Reading:
     #: The server's exceptions for a body the client broke that are not parse errors (gunicorn's ``NoMoreData``, an
     #: ``OSError``, when the connection ends before the last chunk): a 400, not a 500.
     client_errors: tuple[type[BaseException], ...] = ()
+    #: Ends a body read in progress on another thread (the read returns what came so far), for the watchdog of a
+    #: body that overran ``--read-timeout``; None where the body is read before the deadline starts (granian).
+    abort: Callable[[WSGIEnvironment], None] | None = None
 
 
 #: A PEP 3333 server that raises from ``read`` whatever goes wrong with a body.

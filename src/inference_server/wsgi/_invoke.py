@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -21,7 +22,7 @@ from inference_server._pipeline import Framing, Pipeline, Stream
 from inference_server._settings import Settings
 from inference_server.errors import GatewayTimeout, HookError, RequestTimeout, ServiceUnavailable
 from inference_server.wsgi._body import PEP_3333, Reading, read_body
-from inference_server.wsgi._replies import Body, Reply, Request
+from inference_server.wsgi._replies import Body, Reply, Request, close
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import WSGIEnvironment
@@ -53,6 +54,10 @@ class Backend:
 
     #: Copy body buffers to ``bytes`` as PEP 3333 requires; False hands servers the arrays' own memory.
     bytes_only: bool = True
+    #: The server calls ``close()`` on a ``list`` answer too, once it is sent (PEP 3333). granian does not: it sends
+    #: a list whole, at once (its fast path), so a small whole answer's cleanups (leaving the drain's count of
+    #: requests in flight) run when it is handed over, and it goes as a list.
+    closes_lists: bool = True
     #: Read the body on the server's own thread, not on the helper that has a deadline (granian: its body read,
     #: called from a thread of ours, stalls the whole worker while the client is slow to send). The body then has
     #: no deadline of ours (no 408) and ``--timeout`` counts from its arrival.
@@ -122,7 +127,9 @@ class Lifecycle:
         self.worker: WorkerState | None = None
         self._timeout = settings.timeout or None
         self._model_slots = threading.BoundedSemaphore(settings.threads)
-        self._helpers = _deadlines.Pool("request")
+        self._watchdog = _deadlines.Watchdog(RECYCLE_GRACE)
+        #: Helper threads for the chunks of streams under ``--stream-timeout``.
+        self._helpers = _deadlines.Pool("stream")
         self._told_no_content_type = False
 
     def invoke(self, request: Request, target: Target, framing: Framing | None = None) -> Reply:
@@ -150,7 +157,9 @@ class Lifecycle:
         return arrived is not None and arrived < moment
 
     def _bounded(self, request: Request, target: Target, framing: Framing | None) -> Reply:
-        """Invoke on a helper thread and answer 408 or 504 if it overruns ``--read-timeout`` or ``--timeout``."""
+        """Invoke on this thread, watched by the watchdog: 408 if the body overruns ``--read-timeout``, 504 if the
+        whole overruns ``--timeout`` (answered when the work stops at its next stage), and the worker replaced if the
+        work is still running ``RECYCLE_GRACE`` seconds past its deadline (see :mod:`inference_server._deadlines`)."""
         start = time.monotonic()
         if self._timeout is None:
             return self._invoke(request, target, None, start, framing)
@@ -158,34 +167,48 @@ class Lifecycle:
         body = None
         if self.backend.read_on_server_thread:
             body = read_body(environ, target.pipeline.max_body, self.backend.body)
-        call = _deadlines.Call()
         limit = min(self._timeout, self.settings.read_timeout)
-        read_deadline, deadline = start + limit, start + self._timeout
-        if body is not None:
-            read_deadline = deadline  # read already
-
-        def current_deadline() -> float:
-            return read_deadline if call.stage == _deadlines.READING else deadline
-
+        abort = self.backend.body.abort
+        call = _deadlines.Call(
+            start + limit if body is None else math.inf,
+            start + self._timeout,
+            functools.partial(abort, environ) if abort is not None else None,
+            functools.partial(self._recycle, request.request_id),
+        )
+        self._watchdog.watch(call)
         try:
-            return self._helpers.run(  # type: ignore[no-any-return]
-                functools.partial(self._invoke, request, target, call, start, framing, body), current_deadline
-            )
-        except _deadlines.TimedOut as exc:
-            stage = call.cancel()
-            if stage == _deadlines.READING:
-                raise RequestTimeout(f"the request body did not arrive within {limit} s") from None
-            if stage == _deadlines.RUNNING:  # replace the worker if the work goes on much longer
-                timer = threading.Timer(RECYCLE_GRACE, self._recycle_if_stuck, (exc.helper, request.request_id))
-                timer.daemon = True
-                timer.start()
+            reply = self._invoke(request, target, call, start, framing, body)
+        except _deadlines.Cancelled:
+            reply = None
+        except OSError:
+            if call.stage != _deadlines.READING:
+                raise
+            call.cancel()  # the server's own receive timeout (gunicorn's SO_RCVTIMEO, --read-timeout) ended the read
+            reply = None
+        except Exception:
+            if not (call.cancelled and call.overran == _deadlines.READING):
+                raise
+            reply = None  # the read the watchdog ended failed
+        finally:
+            self._watchdog.unwatch(call)
+        if call.cancelled:
+            if reply is not None:
+                close(reply[2])
+            if call.overran == _deadlines.READING:
+                raise RequestTimeout(f"the request body did not arrive within {limit} s")
             raise GatewayTimeout(
-                f"the request took longer than the server's timeout of {self._timeout} s (while {stage})"
-            ) from None
+                f"the request took longer than the server's timeout of {self._timeout} s (while {call.overran})"
+            )
+        assert reply is not None
+        return reply
 
     def _recycle_if_stuck(self, helper: Any, request_id: str) -> None:
-        if not helper.abandoned:
-            return
+        """A stream's helper thread abandoned at its deadline: the worker is replaced if it still runs."""
+        if helper.abandoned:
+            self._recycle(request_id)
+
+    def _recycle(self, request_id: str) -> None:
+        """The watchdog's report of work still running ``RECYCLE_GRACE`` seconds past its deadline."""
         reason = f"request {request_id} was still running {RECYCLE_GRACE} s after its timeout"
         if self.worker is not None:
             self.worker.request_recycle(reason)
@@ -205,6 +228,8 @@ class Lifecycle:
         pipeline = target.pipeline
         if body is None:
             body = read_body(environ, pipeline.max_body, self.backend.body)
+        if call is not None:
+            call.enter(_deadlines.WAITING)  # (the model may load first, on a multi-model endpoint)
         model = target.model()
         content_type = environ.get("CONTENT_TYPE") or (self._no_content_type() if framing is None else "")
         accept = environ.get("HTTP_ACCEPT") or "*/*"
