@@ -90,3 +90,23 @@ def test_a_streamed_answer_is_counted_and_sent_as_bytes() -> None:
     assert body.sent == 0
     assert list(body) == [b"a", np.arange(2, dtype=np.uint16).tobytes()]
     assert body.sent == 5
+
+
+def test_a_small_whole_answer_is_handed_over_as_a_list_with_its_cleanups_run() -> None:
+    """For a server that sends a list whole and never closes it (granian), a small whole answer is a plain list of
+    flat buffers (no copy of an array's memory) and its cleanups run at once; a large one stays a Body, closed
+    by the server after its pieces."""
+    calls: list[str] = []
+    array = np.arange(6.0)
+    handed = Body([b"head", memoryview(array)], lambda: calls.append("left")).prepare(False, hand_over=True)
+    assert type(handed) is list
+    assert calls == ["left"]
+    assert handed[0] == b"head"
+    assert isinstance(handed[1], memoryview)
+    assert handed[1].obj is array
+    assert b"".join(handed) == b"head" + array.tobytes()
+    large = Body([memoryview(np.zeros(PIECE))], lambda: calls.append("large")).prepare(False, hand_over=True)
+    assert isinstance(large, Body)
+    assert calls == ["left"]
+    large.close()
+    assert calls == ["left", "large"]
