@@ -141,7 +141,7 @@ def test_the_watchdog_cancels_an_overrunning_call_and_reports_it_stuck_after_the
     watchdog = _deadlines.Watchdog(grace=0.2, period=0.01)
     slots = threading.BoundedSemaphore(1)
     stuck: list[float] = []
-    call = _deadlines.Call(deadline=time.monotonic() + 0.1, stuck=lambda: stuck.append(time.monotonic()))
+    call = _deadlines.Call(deadline=time.monotonic() + 0.1, stuck=lambda _: stuck.append(time.monotonic()))
     call.enter(_deadlines.WAITING)
     call.take_slot(slots)
     started = time.monotonic()
@@ -163,7 +163,7 @@ def test_work_that_ends_within_the_grace_is_not_reported_stuck() -> None:
     """A call unwatched (its work ended) after its deadline but before the grace is over is not reported."""
     watchdog = _deadlines.Watchdog(grace=0.3, period=0.01)
     stuck: list[bool] = []
-    call = _deadlines.Call(deadline=time.monotonic() + 0.05, stuck=lambda: stuck.append(True))
+    call = _deadlines.Call(deadline=time.monotonic() + 0.05, stuck=lambda _: stuck.append(True))
     call.stage = _deadlines.RUNNING
     watchdog.watch(call)
     _until(lambda: call.cancelled)
@@ -177,8 +177,8 @@ def test_a_body_read_past_its_read_deadline_is_aborted() -> None:
     reading is held to the later deadline only."""
     watchdog = _deadlines.Watchdog(grace=1, period=0.01)
     aborted: list[str] = []
-    reading = _deadlines.Call(time.monotonic() + 0.05, time.monotonic() + 60, abort=lambda: aborted.append("r"))
-    waiting = _deadlines.Call(time.monotonic() + 0.05, time.monotonic() + 60, abort=lambda: aborted.append("w"))
+    reading = _deadlines.Call(time.monotonic() + 0.05, time.monotonic() + 60, abort=lambda _: aborted.append("r"))
+    waiting = _deadlines.Call(time.monotonic() + 0.05, time.monotonic() + 60, abort=lambda _: aborted.append("w"))
     waiting.enter(_deadlines.WAITING)
     watchdog.watch(reading)
     watchdog.watch(waiting)

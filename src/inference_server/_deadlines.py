@@ -44,25 +44,26 @@ class Call:
     """One request's work in progress, shared by the thread that runs it and the :class:`Watchdog`.
 
     ``read_deadline`` and ``deadline`` are ``time.monotonic()`` values (``inf``: none): past the first while the body
-    is still being read, ``abort`` is called (it ends the read); past the second the call is cancelled, and ``stuck``
-    is called if the work is still running ``grace`` seconds later."""
+    is still being read, ``abort(context)`` is called (it ends the read); past the second the call is cancelled, and
+    ``stuck(context)`` is called if the work is still running ``grace`` seconds later."""
 
-    __slots__ = ("_lock", "_slot", "abort", "cancelled", "deadline", "overran", "read_deadline", "stage", "stuck",
-                 "stuck_at")  # fmt: skip
+    __slots__ = ("_lock", "_slot", "abort", "cancelled", "context", "deadline", "overran", "read_deadline", "stage",
+                 "stuck", "stuck_at")  # fmt: skip
 
     def __init__(
         self,
         read_deadline: float = math.inf,
         deadline: float = math.inf,
-        abort: Callable[[], object] | None = None,
-        stuck: Callable[[], object] | None = None,
+        abort: Callable[[Any], object] | None = None,
+        stuck: Callable[[Any], object] | None = None,
+        context: Any = None,
     ) -> None:
         self.stage = READING
         self.cancelled = False
         #: The stage the call was in when it was cancelled.
         self.overran = READING
         self.read_deadline, self.deadline = read_deadline, deadline
-        self.abort, self.stuck = abort, stuck
+        self.abort, self.stuck, self.context = abort, stuck, context
         self.stuck_at = math.inf
         self._slot: threading.Semaphore | None = None
         self._lock = threading.Lock()
@@ -77,7 +78,9 @@ class Call:
         """Wait for a model slot (until the deadline), then run the hooks (stage RUNNING); :meth:`give_back` returns
         the slot."""
         self.enter(WAITING)
-        if self.deadline == math.inf:
+        if slots.acquire(blocking=False):
+            pass  # (a free slot: no timed wait, the common case)
+        elif self.deadline == math.inf:
             slots.acquire()
         elif not slots.acquire(timeout=max(0.0, self.deadline - time.monotonic())):
             self.cancel()
@@ -112,11 +115,11 @@ class Call:
             if now >= self.stuck_at:
                 self.stuck_at = math.inf
                 if self.stuck is not None:
-                    self.stuck()
+                    self.stuck(self.context)
         elif self.stage == READING and now >= self.read_deadline:
             self.cancel()
             if self.abort is not None:
-                self.abort()
+                self.abort(self.context)
         elif now >= self.deadline and self.cancel() == RUNNING:
             self.stuck_at = now + grace
 

@@ -9,7 +9,6 @@ answer (leaving the drain's count) runs when the server closes that body, so tha
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import math
 import threading
@@ -168,12 +167,12 @@ class Lifecycle:
         if self.backend.read_on_server_thread:
             body = read_body(environ, target.pipeline.max_body, self.backend.body)
         limit = min(self._timeout, self.settings.read_timeout)
-        abort = self.backend.body.abort
         call = _deadlines.Call(
             start + limit if body is None else math.inf,
             start + self._timeout,
-            functools.partial(abort, environ) if abort is not None else None,
-            functools.partial(self._recycle, request.request_id),
+            self._abort_read,
+            self._recycle_stuck,
+            request,
         )
         self._watchdog.watch(call)
         try:
@@ -202,13 +201,23 @@ class Lifecycle:
         assert reply is not None
         return reply
 
+    def _abort_read(self, request: Request) -> None:
+        """The watchdog's end of a body read that overran ``--read-timeout`` (where the server can end it)."""
+        abort = self.backend.body.abort
+        if abort is not None:
+            abort(request.environ)
+
+    def _recycle_stuck(self, request: Request) -> None:
+        """The watchdog's report of work still running ``RECYCLE_GRACE`` seconds past its deadline."""
+        self._recycle(request.request_id)
+
     def _recycle_if_stuck(self, helper: Any, request_id: str) -> None:
         """A stream's helper thread abandoned at its deadline: the worker is replaced if it still runs."""
         if helper.abandoned:
             self._recycle(request_id)
 
     def _recycle(self, request_id: str) -> None:
-        """The watchdog's report of work still running ``RECYCLE_GRACE`` seconds past its deadline."""
+        """Replace this worker: request ``request_id``'s work is stuck."""
         reason = f"request {request_id} was still running {RECYCLE_GRACE} s after its timeout"
         if self.worker is not None:
             self.worker.request_recycle(reason)
