@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from inference_server.wsgi._replies import PIECE, Body
+from inference_server.wsgi._replies import HAND_OVER, PIECE, Body
 
 
 def test_cleanups_run_once_when_the_server_closes_the_body() -> None:
@@ -105,7 +105,7 @@ def test_a_small_whole_answer_is_handed_over_as_a_list_with_its_cleanups_run() -
     assert isinstance(handed[1], memoryview)
     assert handed[1].obj is array
     assert b"".join(handed) == b"head" + array.tobytes()
-    large = Body([memoryview(np.zeros(PIECE))], lambda: calls.append("large")).prepare(False, hand_over=True)
+    large = Body([memoryview(np.zeros(HAND_OVER))], lambda: calls.append("large")).prepare(False, hand_over=True)
     assert isinstance(large, Body)
     assert calls == ["left"]
     large.close()

@@ -15,7 +15,6 @@ Only the chosen backend is imported. On top of each backend's own supervisor:
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import logging
 import os
 import resource
@@ -50,23 +49,8 @@ def server_threads(settings: Settings) -> int:
     return settings.threads + EXTRA_SERVER_THREADS
 
 
-#: glibc's ``M_MMAP_THRESHOLD`` (``mallopt``), and the value set in each worker (glibc's own initial value).
-_M_MMAP_THRESHOLD, _MMAP_THRESHOLD = -3, 128 * 1024
-
-
-def give_back_large_blocks() -> None:
-    """Make freed bodies and answers return to the system (glibc): its malloc serves a block of 128 KiB or more
-    from a mapping of its own, unmapped when freed, but raises that threshold to the size of each such block freed
-    (up to 32 MiB), after which bodies of a few MiB are carved from heaps that never shrink. Measured: 12 clients cut
-    off mid-answer (5 MB each) left a worker 60-130 MB larger for good. Setting the threshold fixes it; elsewhere
-    (no glibc) nothing is done."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None).mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD)
-
-
 def load_model(app: App) -> None:
     """Load the model in a worker before it serves; a failure is logged (with its traceback) and /ping says 503."""
-    give_back_large_blocks()
     _models.warn_missing_dir = False  # the serving process warned once already
     if app.multi_model is not None:
         app.multi_model.start_watching()
