@@ -11,18 +11,7 @@ import pytest
 
 from inference_server.client import InferenceResponse, V2Client
 from inference_server.errors import EncodeError, PredictionError
-
-ECHO = """
-    import inference_server
-
-    @inference_server.plugin_hook
-    def model_fn(model_dir):
-        return "echo"
-
-    @inference_server.plugin_hook
-    def predict_fn(data, model):
-        return data
-"""
+from tests.test_wsgi_v2 import ECHO
 
 SIGNED = """
     import numpy as np
