@@ -125,7 +125,7 @@ class Lifecycle:
         #: This process's share of the server's state when ``serve`` runs it (drain flag, requests in flight).
         self.worker: WorkerState | None = None
         self._timeout = settings.timeout or None
-        self._model_slots = threading.BoundedSemaphore(settings.threads)
+        self._model_slots = _deadlines.model_slots(settings.threads)
         self._watchdog = _deadlines.Watchdog(RECYCLE_GRACE)
         #: Helper threads for the chunks of streams under ``--stream-timeout``.
         self._helpers = _deadlines.Pool("stream")
