@@ -298,6 +298,83 @@ def test_a_lone_request_waits_for_nothing(start: Callable[..., Server], calls: C
     assert (time.monotonic() - started) / 5 < 0.2
 
 
+def _closed_loop(batcher: batching.Batcher, clients: int, rounds: int, turnaround: float) -> None:
+    """``clients`` threads each sending ``rounds`` inputs one after another, ``turnaround`` seconds apart."""
+
+    def client(number: int) -> None:
+        for _ in range(rounds):
+            row = np.full((1, 2), number, dtype="f4")
+            np.testing.assert_array_equal(batcher.predict(row, "model"), row + 1)
+            time.sleep(turnaround)
+
+    _at_once(clients, client)
+
+
+def test_at_saturation_answered_clients_are_waited_for_so_groups_fill() -> None:
+    """8 closed-loop clients of a model that takes 8 at the cost of 1: the free model waits for the clients it has
+    just answered, so groups hold all 8 rather than alternate between a few and the rest."""
+    sizes: list[int] = []
+
+    def predict(data: np.ndarray, model: Any) -> np.ndarray:
+        sizes.append(len(data))
+        time.sleep(0.03)
+        return data + 1
+
+    batcher = batching.Batcher(batching.Options(max_batch_size=8, max_batch_delay=0.5, max_queue=32), predict)
+    _closed_loop(batcher, clients=8, rounds=10, turnaround=0.002)
+    assert sum(sizes) == 80
+    assert len(sizes) <= 14, sizes  # 10 groups of 8, and a few smaller ones while the clients start
+
+
+def test_a_lone_client_is_its_own_return_and_waits_for_nothing() -> None:
+    """One closed-loop client with a 2 s delay: it answered itself, so each input goes to the model at once."""
+    seconds: list[float] = []
+
+    def predict(data: np.ndarray, model: Any) -> np.ndarray:
+        seconds.append(time.monotonic())
+        time.sleep(0.3)
+        return data + 1
+
+    batcher = batching.Batcher(batching.Options(max_batch_size=8, max_batch_delay=2.0, max_queue=32), predict)
+    started = time.monotonic()
+    _closed_loop(batcher, clients=1, rounds=3, turnaround=0)
+    assert len(seconds) == 3
+    assert time.monotonic() - started < 3 * 0.3 + 0.25  # a wait for company would add 0.3 s per call
+
+
+def test_clients_that_do_not_come_back_are_waited_for_once() -> None:
+    """After a group of 4 whose clients leave, a lone client waits for them once (at most the model's cheapest
+    call), then no more."""
+    seconds: list[float] = []
+
+    def predict(data: np.ndarray, model: Any) -> np.ndarray:
+        seconds.append(time.monotonic())
+        time.sleep(0.2)
+        return data + 1
+
+    batcher = batching.Batcher(batching.Options(max_batch_size=8, max_batch_delay=2.0, max_queue=32), predict)
+    _closed_loop(batcher, clients=4, rounds=1, turnaround=0)
+    started = time.monotonic()
+    _closed_loop(batcher, clients=1, rounds=3, turnaround=0)
+    elapsed = time.monotonic() - started
+    assert 3 * 0.2 + 0.2 - 0.05 < elapsed < 3 * 0.2 + 0.2 + 0.25  # one wait of the cheapest call (0.2 s), not three
+
+
+@pytest.mark.parametrize(
+    ("calls", "fixed"),
+    [
+        ([(1, 0.00502), (32, 0.00564), (16, 0.00532), (8, 0.00516)], 0.005),  # 5 ms a call plus 20 us a request
+        ([(8, 0.004), (8, 0.003), (8, 0.005)], 0.003),  # one size: the cheapest call
+        ([(1, 0.001), (10, 0.010), (20, 0.020)], 0.0),  # no fixed cost
+        ([(1, 0.010), (2, 0.002), (3, 0.001)], 0.001),  # dearer when smaller: at most the cheapest call
+    ],
+    ids=["fixed-and-per-request", "one-size", "per-request-only", "noisy"],
+)
+def test_fixed_cost_is_the_intercept_of_calls_against_their_sizes(calls: list[tuple[int, float]], fixed: float) -> None:
+    """What a call costs whatever its size: the least-squares intercept, within 0 and the cheapest call."""
+    assert batching.fixed_cost(calls) == pytest.approx(fixed, abs=1e-9)
+
+
 def test_predict_batch_fn_groups_inputs_that_are_not_arrays(servers: Any, plugin_site: Any, calls: Calls) -> None:
     """A plugin's predict_batch_fn gets JSON objects of concurrent requests as one list, and each request gets
     its own item back; arrays (which it declines) are still concatenated for predict_fn."""
@@ -442,6 +519,7 @@ def test_in_process_the_wsgi_app_batches_concurrent_requests(
     """testing.client with INFERENCE_SERVER_MAX_BATCH_SIZE: concurrent requests from threads share calls, each with
     its own answer (a batched model tested without a server)."""
     monkeypatch.setenv("INFERENCE_SERVER_MAX_BATCH_SIZE", "8")
+    monkeypatch.setenv("INFERENCE_SERVER_MAX_QUEUE", "48")  # (all 48 may be queued before the first group goes)
     seen: list[int] = []
 
     class Model:

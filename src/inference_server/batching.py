@@ -15,10 +15,24 @@ for its own prediction; ``output_fn`` runs on its thread again. Inputs are group
 Each group's size is logged at DEBUG.
 
 **Adaptive.** No thread of its own and no fixed window: the request that finds the model free takes the oldest
-group at once (itself, when it is alone: a lone request waits for nothing) unless other requests are still in
-``input_fn`` on their way to the queue; then it waits for them until the group is full or the oldest input has
-waited ``max_batch_delay``. While the model is busy, inputs gather in the queue and go together when it frees.
-A group holds at most ``max_batch_size`` requests; ``slots`` groups run at once (``--threads``).
+group at once (itself, when it is alone: a lone request waits for nothing) unless more requests are about to come:
+
+- requests still in ``input_fn`` on their way to the queue;
+- requests that the last groups answered and that have not sent again yet: a client that was answered usually sends
+  its next request at once, so a free model waits for them rather than run a small group and leave the rest to
+  gather behind it (at saturation, groups alternating between a few and most of the clients). A lone client is its
+  own return, so it still waits for nothing; clients that do not come back are waited for once.
+
+It waits until the group is full, or for ``max_batch_delay`` from when the oldest input found the model free. For
+answered requests it waits only when it pays: when gathering all the clients takes less than a call's fixed cost
+(the call it saves), both learnt as it runs (the intercept of recent calls' times against their sizes; the worker's
+time per request outside the model, from the gaps between arrivals and between answers), and for at most that
+fixed cost. Otherwise, with many clients or costly requests, whoever is queued goes at once and the others gather
+behind the running group. While the model is busy, inputs gather in the queue and go together when it frees. A
+group holds at most ``max_batch_size`` requests; ``slots`` groups run at once (``--threads``).
+
+Each waiting request's thread waits on an event of its own: an arrival wakes the one thread that forms the next
+group, not every waiting one, and the requests of a group that ended go on without taking the batcher's lock.
 
 **Errors stay per request.** When ``predict_fn`` raises for a group of several, each input of the group is run
 again alone, so only the inputs that fail get an error (the cost: one more call per input of a failed group). A
@@ -41,9 +55,10 @@ import contextvars
 import dataclasses
 import itertools
 import logging
+import statistics
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 import numpy as np
@@ -64,6 +79,8 @@ MAX_QUEUE = 960
 RETRY_AFTER = 1
 #: Seconds between checks, by a waiting request, of whether it was answered already (a timeout).
 _POLL = 0.25
+#: How many of the last calls (their sizes and times) and of the last gaps between arrivals the batcher learns from.
+_HISTORY = 32
 
 
 _members: contextvars.ContextVar[tuple[contextvars.Context, ...]] = contextvars.ContextVar("inference_server_group")
@@ -122,15 +139,38 @@ def options(given: Mapping[str, int | None], chosen: frozenset[str], hook: Any, 
 class _Input:
     """One request's input in the queue, and what became of it."""
 
-    __slots__ = ("call", "context", "data", "done", "error", "key", "model", "queued", "result", "since")
+    __slots__ = (
+        "call",
+        "context",
+        "data",
+        "done",
+        "ended",
+        "error",
+        "key",
+        "model",
+        "poke",
+        "queued",
+        "result",
+        "since",
+        "waiting",
+    )
 
     def __init__(self, data: Any, model: Any, key: object, call: Call | None) -> None:
         self.data, self.model, self.key, self.call = data, model, key, call
+        #: What its request's thread waits on: set when the input is done, or when a group may be ready (for the
+        #: oldest waiting input's thread). One event per input, apart from the batcher's lock: an arrival wakes one
+        #: thread, not every waiting one, and the inputs of a group that ended go on without taking the lock (32
+        #: threads woken at once to take it again would hold back every arrival behind them).
+        self.poke = threading.Event()
+        #: Its thread is waiting for ``poke`` (not running a group of other inputs).
+        self.waiting = False
         #: The request's context (a copy: another thread may run this input's prediction).
         self.context = contextvars.copy_context()
         self.since = time.monotonic()
         self.queued = True
         self.done = False
+        #: When the group it was in ended (monotonic seconds), else 0.
+        self.ended = 0.0
         self.result: Any = None
         self.error: BaseException | None = None
 
@@ -158,11 +198,26 @@ class Batcher:
         self._predict = predict
         self._predict_batch = predict_batch
         self._lock = threading.Lock()
-        self._changed = threading.Condition(self._lock)
         self._queue: collections.deque[_Input] = collections.deque()
         self._free = settings.slots
         #: Requests in ``input_fn``, on their way to the queue: a free model waits for them (up to the delay).
         self._coming = 0
+        #: Requests answered by groups whose clients have not sent again yet: a free model waits for them too.
+        self._owed = 0
+        #: When a slot was last given back (monotonic seconds).
+        self._freed = 0.0
+        #: The last calls' (requests, seconds), and the seconds between the last arrivals in the queue.
+        self._calls: collections.deque[tuple[int, float]] = collections.deque(maxlen=_HISTORY)
+        self._gaps: collections.deque[float] = collections.deque(maxlen=_HISTORY)
+        self._arrived = 0.0
+        #: The seconds between the last inputs of a group going on to their answers, and when the last one did.
+        #: Recorded without the lock (one float, one append: atomic for the interpreter); an estimate.
+        self._leaves: collections.deque[float] = collections.deque(maxlen=_HISTORY)
+        self._left = 0.0
+        #: Learnt from them when a group ends: a call's fixed cost, and the worker's time per request outside the
+        #: model (seconds).
+        self._fixed = 0.0
+        self._per_request = 0.0
         self._told_alone = False
 
     @classmethod
@@ -195,12 +250,14 @@ class Batcher:
         """A request started ``input_fn``: its input will follow (:meth:`predict`) unless it fails (:meth:`gone`)."""
         with self._lock:
             self._coming += 1
+            if self._owed:
+                self._owed -= 1
 
     def gone(self) -> None:
         """A request that said :meth:`coming` will send no input after all."""
         with self._lock:
             self._coming -= 1
-            self._changed.notify_all()
+            self._wake_head()
 
     def predict(self, data: Any, model: Any, call: Call | None = None, *, coming: bool = False) -> Any:
         """The prediction for one request's input, computed with those of other requests where they can be joined.
@@ -220,8 +277,10 @@ class Batcher:
         with self._lock:
             if coming:
                 self._coming -= 1
+            elif self._owed:
+                self._owed -= 1
             if len(self._queue) >= self.options.max_queue:
-                self._changed.notify_all()
+                self._wake_head()
                 raise ServiceUnavailable(
                     f"the model's queue is full ({self.options.max_queue} requests waiting); send the request "
                     f"again in {RETRY_AFTER} s",
@@ -229,40 +288,70 @@ class Batcher:
                 )
             if call is not None:
                 call.enter(WAITING)
+            if self._arrived:
+                self._gaps.append(item.since - self._arrived)
+            self._arrived = item.since
             self._queue.append(item)
-            self._changed.notify_all()
+            self._wake_head()
         while True:
             group = self._wait(item)
             if group is None:
                 break
+            started = time.monotonic()
             try:
                 self._run(group)
             finally:
                 with self._lock:
                     self._free += 1
+                    self._freed = now = time.monotonic()
+                    self._calls.append((len(group), now - started))
+                    self._fixed, self._per_request = fixed_cost(self._calls), _turnaround(self._gaps, self._leaves)
+                    self._owed = min(self._owed + len(group), self.options.max_queue)
+                    self._wake_head()
                     for member in group:
-                        member.done = True
-                    self._changed.notify_all()
+                        member.done, member.ended = True, now
+                        member.poke.set()
+        if item.ended:  # the input of a group: how long after the last one it went on (see _turnaround)
+            now = time.monotonic()
+            if self._left > item.ended:
+                self._leaves.append(now - self._left)
+            self._left = now
         if item.error is not None:
             raise item.error
         return item.result
 
     def _wait(self, item: _Input) -> list[_Input] | None:
         """Wait until ``item`` is done (None) or this thread may run a group (taken from the queue, with a slot)."""
-        with self._lock:
-            while not item.done:
+        while not item.done:  # (set before its poke, with the lock held)
+            with self._lock:
+                if item.done:
+                    break
                 if item.answered and item.queued:
                     self._queue.remove(item)
                     item.queued = False
+                    self._wake_head()
                     raise Cancelled
                 wait = _POLL
                 if self._free and item.queued:
                     group, wait = self._ready()
                     if group:
                         self._free -= 1
+                        self._wake_head()  # (another slot may be free for the next group)
                         return group
-                self._changed.wait(wait)
+                item.poke.clear()  # (with the lock held: a poke from now on is seen)
+                item.waiting = True
+            item.poke.wait(wait)
+            item.waiting = False
         return None
+
+    def _wake_head(self) -> None:
+        """If a slot is free, wake the oldest input's thread that is waiting: it forms the next group (any queued
+        input's thread may; the oldest's is most likely idle). Call with the lock held."""
+        if self._free:
+            for item in self._queue:
+                if item.waiting:
+                    item.poke.set()
+                    return
 
     def _ready(self) -> tuple[list[_Input], float]:
         """The oldest group if it should go now (else empty), and how long to wait before asking again."""
@@ -270,6 +359,7 @@ class Batcher:
         while queue and queue[0].answered:  # its request had its answer (a timeout): never run it
             dropped = queue.popleft()
             dropped.queued, dropped.done, dropped.error = False, True, Cancelled()
+            dropped.poke.set()
         if not queue:
             return [], _POLL
         head = queue[0]
@@ -278,9 +368,20 @@ class Batcher:
             members = [head]
         else:
             members = [item for item in queue if item.key == head.key and not item.answered][:size]
-        waited = time.monotonic() - head.since
-        if len(members) < size and head.key is not None and self._coming and waited < self.options.max_batch_delay:
-            return [], self.options.max_batch_delay - waited  # others are on their way: wait a little for them
+        if len(members) < size and head.key is not None and (self._coming or self._owed):
+            delay = self.options.max_batch_delay
+            waited = time.monotonic() - max(head.since, self._freed)  # since the oldest input found the model free
+            if self._coming and waited < delay:
+                return [], delay - waited  # others are on their way: wait a little for them
+            if self._owed:
+                # Waiting for every client to be back pays when gathering them all takes less than the call it
+                # saves (its fixed cost); else the model does better with whoever is queued, the others gathering
+                # behind it (see the module's text).
+                delay = min(delay, self._fixed)
+                clients = len(queue) + self._owed + self._coming
+                if waited < delay and clients * self._per_request <= self._fixed:
+                    return [], delay - waited  # answered clients send again: wait a little for them
+                self._owed = 0  # they did not come back, or waiting would not pay: wait for them no more
         for member in members:
             queue.remove(member)
             member.queued = False
@@ -351,6 +452,26 @@ class Batcher:
             return None
         rows = [len(rows) for rows in data]
         return split(self._predict(joined, model), rows)
+
+
+def _turnaround(arrivals: Collection[float], leaves: Collection[float]) -> float:
+    """The worker's time per request outside the model (seconds): the typical gap between arrivals in the queue
+    (the request's way in) plus that between the inputs of a group going on to their answers (the way out)."""
+    return (statistics.median(arrivals) if arrivals else 0.0) + (statistics.median(leaves) if leaves else 0.0)
+
+
+def fixed_cost(calls: Collection[tuple[int, float]]) -> float:
+    """What a call costs whatever its size (seconds): the intercept of a least-squares line through the calls'
+    (requests, seconds), within 0 and the cheapest call; the cheapest call when all had one size."""
+    sizes = [size for size, _ in calls]
+    seconds = [took for _, took in calls]
+    cheapest = min(seconds)
+    mean_size, mean_seconds = statistics.fmean(sizes), statistics.fmean(seconds)
+    spread = sum((size - mean_size) ** 2 for size in sizes)
+    if not spread:
+        return cheapest
+    slope = sum((size - mean_size) * (took - mean_seconds) for size, took in zip(sizes, seconds, strict=True)) / spread
+    return min(max(mean_seconds - slope * mean_size, 0.0), cheapest)
 
 
 def _alone(predict: Callable[[Any, Any], Any], member: _Input) -> None:
