@@ -41,6 +41,8 @@ PROTOCOLS = (sagemaker, runtime, models, v2, prometheus)
 INFERENCE_ID = "HTTP_X_AMZN_SAGEMAKER_INFERENCE_ID"
 #: The environ key under which the app notes the route (pattern) a request matched.
 ROUTE = "inference_server.route"
+#: The headers a WSGI environ has without the ``HTTP_`` prefix.
+_BODY_HEADERS = frozenset(("CONTENT_TYPE", "CONTENT_LENGTH"))
 #: Routes whose access-log lines are at debug level: health checks and scrapes would flood the log.
 QUIET_ROUTES = frozenset(("/ping", "/metrics"))
 
@@ -290,7 +292,12 @@ class App:
             raise BadRequest("an HTTP/1.1 request must have a Host header (RFC 9112, section 3.2)")
         if host is not None and "," in host:  # granian joins repeated headers with commas
             raise BadRequest("a request must have one Host header, not several (RFC 9112, section 3.2)")
-        size = sum([len(k) + len(v) for k, v in environ.items() if k[:5] == "HTTP_"])  # ~ the header section
+        size = 0  # ~ the header section
+        for key in reversed(environ):  # granian adds the headers last, after a copy of os.environ and the CGI keys
+            if key[:5] == "HTTP_":
+                size += len(key) + len(environ[key])
+            elif key not in _BODY_HEADERS:
+                break
         if size > self.settings.max_header_bytes:
             raise werkzeug.exceptions.RequestHeaderFieldsTooLarge(
                 f"the headers are larger than {self.settings.max_header_bytes} bytes (--max-header-bytes)"
