@@ -8,7 +8,8 @@ runs 1 or 2 worker processes (MLServer: ``parallel_workers``, its inference pool
 BentoML and MLServer batch up to 32 requests per call. BentoML waits adaptively (``max_latency_ms`` at its default);
 MLServer waits for a full batch at most ``max_batch_time``, here 5 ms, ours' default ``max_batch_delay``. Printed:
 requests/s, p50 and p99 latency (wrk's), and the mean batch (rows per model call, from the model's own log), medians
-over rounds in a rotating order, and the ratios of ours to batching off, to BentoML and to MLServer.
+over rounds in a rotating order, and the ratios of ours to batching off, to BentoML, to MLServer and to the model's
+own capacity (``predict_fn`` on full groups of 32, back to back, in one process, no HTTP).
 
 BentoML and MLServer run from PyPI, each in its own virtualenv (``_peers.py``, made on first use).
 Run: ``.venv/bin/python benchmarks/batching.py`` (about 16 minutes; ``--quick``: one short round, fewer cases).
@@ -20,6 +21,7 @@ import argparse
 import contextlib
 import io
 import json
+import os
 import platform
 import re
 import shutil
@@ -167,6 +169,20 @@ def wrk(url: str, lua: str, connections: int, seconds: int) -> tuple[float, floa
     return rate, p50 * 1000, p99 * 1000
 
 
+def capacity(site: Path, variant: str, seconds: float = 2.0) -> float:
+    """The model's own batched capacity, rows/s: ``run`` called back to back with full groups of ``MAX_BATCH`` rows
+    in one process, no HTTP (what one worker's model could do if every group were full)."""
+    code = (
+        "import time, numpy as np, bench_cost\n"
+        f"rows = np.zeros(({MAX_BATCH}, 16), 'f4'); bench_cost.run(rows); calls = 0; start = time.perf_counter()\n"
+        f"while time.perf_counter() - start < {seconds}: bench_cost.run(rows); calls += 1\n"
+        f"print(calls * {MAX_BATCH} / (time.perf_counter() - start))\n"
+    )
+    env = h.base_env(PYTHONPATH=str(site), BENCH_VARIANT=variant, BENCH_CALLS=os.devnull)
+    result = subprocess.run([h.PYTHON, "-c", code], env=env, capture_output=True, text=True, check=True)
+    return float(result.stdout)
+
+
 @contextlib.contextmanager
 def contender(name: str, site: Path, variant: str, workers: int, calls: Path) -> Iterator[tuple[str, str, str]]:
     """Start ``name``; yield its URL, the wrk script for it and a note on how it runs."""
@@ -222,6 +238,9 @@ def main() -> None:
         f"max_batch_time {MLSERVER_BATCH_TIME * 1000:g} ms",
         flush=True,
     )
+    capacities = {variant: capacity(site, variant) for variant in variants}
+    for variant, rate in capacities.items():
+        print(f"the {variant} model's own capacity, full groups of {MAX_BATCH} back to back: {rate:.0f} rows/s")
     results: dict[tuple[str, int, int, str], list[tuple[float, float, float, float]]] = {}
     notes: dict[str, set[str]] = {name: set() for name in names}
     turn = round_ = 0
@@ -251,8 +270,9 @@ def main() -> None:
         print(f"{name}: {'; '.join(sorted(notes[name]))}")
     print()
     print("| model | workers | clients | off: req/s, p50, p99 | ours: req/s, p50, p99, batch | BentoML: req/s, p50, "
-          "p99, batch | MLServer: req/s, p50, p99, batch | ours/off | ours/BentoML | ours/MLServer |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "p99, batch | MLServer: req/s, p50, p99, batch | ours/off | ours/BentoML | ours/MLServer | "
+          "ours/capacity |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for variant in variants:
         for workers in worker_counts:
             for clients in levels:
@@ -269,7 +289,7 @@ def main() -> None:
                 print(
                     f"| {variant} | {workers} | {clients} | {cell(off, False)} | {cell(ours)} | {cell(bento)} | "
                     f"{cell(mlserver)} | {ours[0] / off[0]:.2f}x | {ours[0] / bento[0]:.2f}x | "
-                    f"{ours[0] / mlserver[0]:.2f}x |"
+                    f"{ours[0] / mlserver[0]:.2f}x | {ours[0] / capacities[variant]:.2f}x |"
                 )
 
 
