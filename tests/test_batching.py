@@ -310,17 +310,22 @@ def _closed_loop(batcher: batching.Batcher, clients: int, rounds: int, turnaroun
     _at_once(clients, client)
 
 
-def test_at_saturation_answered_clients_are_waited_for_so_groups_fill() -> None:
-    """8 closed-loop clients of a model that takes 8 at the cost of 1: the free model waits for the clients it has
-    just answered, so groups hold all 8 rather than alternate between a few and the rest."""
+def _slow_batcher(seconds: float, delay: float) -> tuple[batching.Batcher, list[int]]:
+    """A batcher of up to 8 whose model takes ``seconds`` a call whatever its size, and the sizes of its calls."""
     sizes: list[int] = []
 
     def predict(data: np.ndarray, model: Any) -> np.ndarray:
         sizes.append(len(data))
-        time.sleep(0.03)
+        time.sleep(seconds)
         return data + 1
 
-    batcher = batching.Batcher(batching.Options(max_batch_size=8, max_batch_delay=0.5, max_queue=32), predict)
+    return batching.Batcher(batching.Options(max_batch_size=8, max_batch_delay=delay, max_queue=32), predict), sizes
+
+
+def test_at_saturation_answered_clients_are_waited_for_so_groups_fill() -> None:
+    """8 closed-loop clients of a model that takes 8 at the cost of 1: the free model waits for the clients it has
+    just answered, so groups hold all 8 rather than alternate between a few and the rest."""
+    batcher, sizes = _slow_batcher(0.03, delay=0.5)
     _closed_loop(batcher, clients=8, rounds=10, turnaround=0.002)
     assert sum(sizes) == 80
     assert len(sizes) <= 14, sizes  # 10 groups of 8, and a few smaller ones while the clients start
@@ -328,31 +333,17 @@ def test_at_saturation_answered_clients_are_waited_for_so_groups_fill() -> None:
 
 def test_a_lone_client_is_its_own_return_and_waits_for_nothing() -> None:
     """One closed-loop client with a 2 s delay: it answered itself, so each input goes to the model at once."""
-    seconds: list[float] = []
-
-    def predict(data: np.ndarray, model: Any) -> np.ndarray:
-        seconds.append(time.monotonic())
-        time.sleep(0.3)
-        return data + 1
-
-    batcher = batching.Batcher(batching.Options(max_batch_size=8, max_batch_delay=2.0, max_queue=32), predict)
+    batcher, sizes = _slow_batcher(0.3, delay=2.0)
     started = time.monotonic()
     _closed_loop(batcher, clients=1, rounds=3, turnaround=0)
-    assert len(seconds) == 3
+    assert sizes == [1, 1, 1]
     assert time.monotonic() - started < 3 * 0.3 + 0.25  # a wait for company would add 0.3 s per call
 
 
 def test_clients_that_do_not_come_back_are_waited_for_once() -> None:
     """After a group of 4 whose clients leave, a lone client waits for them once (at most the model's cheapest
     call), then no more."""
-    seconds: list[float] = []
-
-    def predict(data: np.ndarray, model: Any) -> np.ndarray:
-        seconds.append(time.monotonic())
-        time.sleep(0.2)
-        return data + 1
-
-    batcher = batching.Batcher(batching.Options(max_batch_size=8, max_batch_delay=2.0, max_queue=32), predict)
+    batcher, _ = _slow_batcher(0.2, delay=2.0)
     _closed_loop(batcher, clients=4, rounds=1, turnaround=0)
     started = time.monotonic()
     _closed_loop(batcher, clients=1, rounds=3, turnaround=0)
