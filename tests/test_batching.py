@@ -325,7 +325,7 @@ def _slow_batcher(seconds: float, delay: float) -> tuple[batching.Batcher, list[
 def test_at_saturation_answered_clients_are_waited_for_so_groups_fill() -> None:
     """8 closed-loop clients of a model that takes 8 at the cost of 1: the free model waits for the clients it has
     just answered, so groups hold all 8 rather than alternate between a few and the rest."""
-    batcher, sizes = _slow_batcher(0.03, delay=0.5)
+    batcher, sizes = _slow_batcher(0.06, delay=0.5)
     _closed_loop(batcher, clients=8, rounds=10, turnaround=0.002)
     assert sum(sizes) == 80
     assert len(sizes) <= 14, sizes  # 10 groups of 8, and a few smaller ones while the clients start
