@@ -214,10 +214,12 @@ class Batcher:
         #: Recorded without the lock (one float, one append: atomic for the interpreter); an estimate.
         self._leaves: collections.deque[float] = collections.deque(maxlen=_HISTORY)
         self._left = 0.0
-        #: Learnt from them when a group ends: a call's fixed cost, and the worker's time per request outside the
-        #: model (seconds).
+        #: Learnt from them when a free model considers waiting for answered clients (not for every group: a lone
+        #: client's requests never need them): a call's fixed cost, and the worker's time per request outside the
+        #: model (seconds); ``_learnt``: they are up to date with the last group.
         self._fixed = 0.0
         self._per_request = 0.0
+        self._learnt = False
         self._told_alone = False
 
     @classmethod
@@ -305,7 +307,7 @@ class Batcher:
                     self._free += 1
                     self._freed = now = time.monotonic()
                     self._calls.append((len(group), now - started))
-                    self._fixed, self._per_request = fixed_cost(self._calls), _turnaround(self._gaps, self._leaves)
+                    self._learnt = False
                     self._owed = min(self._owed + len(group), self.options.max_queue)
                     self._wake_head()
                     for member in group:
@@ -377,6 +379,9 @@ class Batcher:
                 # Waiting for every client to be back pays when gathering them all takes less than the call it
                 # saves (its fixed cost); else the model does better with whoever is queued, the others gathering
                 # behind it (see the module's text).
+                if not self._learnt:
+                    self._fixed, self._per_request = fixed_cost(self._calls), _turnaround(self._gaps, self._leaves)
+                    self._learnt = True
                 delay = min(delay, self._fixed)
                 clients = len(queue) + self._owed + self._coming
                 if waited < delay and clients * self._per_request <= self._fixed:
