@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import os
 import tarfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -275,3 +276,50 @@ def test_the_access_line_names_the_model_and_the_target_model_header(server: Any
         "team/a.tar.gz",
         "/models/{name}/invoke",
     )
+
+
+def test_a_model_unloaded_through_another_worker_is_never_served_while_this_one_drops_it(tmp_path: Path) -> None:
+    """A worker's watcher that has seen an unload through another worker but not yet dropped the model: a request
+    for it here is already a 404 (before: served from the model about to be dropped)."""
+    from inference_server import _plugins, plugin_hook
+    from inference_server._multimodel import MultiModel
+    from inference_server._registry import Registry
+    from inference_server._settings import Settings
+    from inference_server.errors import NotFound
+    from inference_server.wsgi._app import App
+
+    class Plugin:
+        @plugin_hook
+        def model_fn(self, model_dir: str) -> str:
+            return model_dir
+
+    reading, release = threading.Event(), threading.Event()
+
+    class Paused(Registry):
+        """The registry, its listing held in the watcher's thread until released."""
+
+        def all(self) -> Any:
+            if threading.current_thread().name == "sync":
+                reading.set()
+                assert release.wait(10)
+            return super().all()
+
+    app = App(Settings(model_dir=str(tmp_path), multi_model=True), _plugins.build_manager([], [Plugin()]))
+    here = MultiModel(app.pipeline, app.settings, Paused(tmp_path / "registry"))
+    there = MultiModel(app.pipeline, app.settings, Registry(tmp_path / "registry"))
+    (tmp_path / "m").mkdir()
+    there.load("m", str(tmp_path / "m"))
+    assert here.model("m") == str(tmp_path / "m")
+    here.sync()
+    there.unload("m")
+    watcher = threading.Thread(target=here.sync, name="sync")
+    watcher.start()
+    try:
+        assert reading.wait(10)
+        with pytest.raises(NotFound):
+            here.model("m")
+    finally:
+        release.set()
+        watcher.join(10)
+    with pytest.raises(NotFound):
+        here.model("m")

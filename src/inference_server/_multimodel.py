@@ -301,9 +301,11 @@ class MultiModel:
         version = self.registry.version()
         if version == self._version:
             return
-        self._version = version
         registered = {model.name for model in self.registry.all()}
         for key in list(self._costs):
             if key[0] == "api" and key[1] not in registered:
                 logger.info("Multi-model: %r was unloaded through another worker; unloading it here", key[1])
                 self._drop(key)
+        # Only now: until then, a request here looks its model up in the registry (model() trusts what it holds
+        # while the version is the one it last synced with), so an unloaded model is never served while it drops.
+        self._version = version
