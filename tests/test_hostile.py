@@ -251,13 +251,13 @@ def test_npz_members_aliasing_one_another_are_400(server: Any) -> None:
 
 
 def test_many_distinct_huge_accept_headers_do_not_grow_the_worker(server: Any) -> None:
-    """Attack 10: 300 distinct 60 KB Accept headers leave no cache holding them (before: +730 MiB)."""
+    """Attack 10: 120 distinct 60 KB Accept headers leave no cache holding them (before: +730 MiB for 300)."""
     body, headers = codecs.dumps(np.zeros(4), NPY), {"Content-Type": NPY}
     server.request("POST", "/invocations", body, {**headers, "Accept": "application/json"})
     before = _worker_rss(server)
     connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
     try:
-        for i in range(300):
+        for i in range(120):
             accept = f"application/x-{i}, " + ", ".join(f"text/x-{i}-{j}" for j in range(4000))[: 60 * 1024]
             connection.request("POST", "/invocations", body, {**headers, "Accept": accept + ", */*"})
             assert connection.getresponse().read() is not None
