@@ -88,7 +88,8 @@ def test_selecting_installed_plugins_by_name() -> None:
 
 
 def test_first_result_caller_matches_pluggy() -> None:
-    """The request path's resolved caller gives pluggy's answers: order, None fall-through, fewer arguments."""
+    """The request path's resolved caller, given the spec's arguments by position, gives pluggy's answers: order,
+    None fall-through, fewer arguments."""
 
     class Lean:
         @plugin_hook
@@ -98,7 +99,7 @@ def test_first_result_caller_matches_pluggy() -> None:
     pm = _plugins.build_manager([], [Second(), First(), Lean()])
     fast = _plugins.first_result_caller(pm, "predict_fn")
     for data in ("x", "skip", "pass"):
-        assert fast(data=data, model=None) == pm.hook.predict_fn(data=data, model=None)
+        assert fast(data, None) == pm.hook.predict_fn(data=data, model=None)
 
 
 def test_first_result_caller_leaves_wrappers_to_pluggy() -> None:
@@ -112,7 +113,7 @@ def test_first_result_caller_leaves_wrappers_to_pluggy() -> None:
             return (yield).upper()
 
     pm = _plugins.build_manager([], [Second(), Wrapper()])
-    assert _plugins.first_result_caller(pm, "predict_fn")(data="w", model=None) == "SECOND"
+    assert _plugins.first_result_caller(pm, "predict_fn")("w", None) == "SECOND"
     assert seen == ["w"]
 
 

@@ -383,6 +383,37 @@ def test_truncated_body_is_400() -> None:
     assert "ended after 3 of 10 bytes" in orjson.loads(body)["message"]
 
 
+class _Trickle:
+    """A ``wsgi.input`` whose reads return at most ``step`` bytes, as a server's may."""
+
+    def __init__(self, data: bytes, step: int) -> None:
+        self._data, self._step = io.BytesIO(data), step
+
+    def read(self, size: int = -1) -> bytes:
+        return self._data.read(min(self._step, size) if size >= 0 else self._step)
+
+
+@pytest.mark.parametrize("size", [10, 70_000])
+def test_a_body_whose_reads_come_short_reaches_the_model_whole(size: int) -> None:
+    """A server's read returning less than asked (small bodies are read in one call first) is read on, and the
+    model gets the whole body as a bytearray."""
+    seen: list[Any] = []
+
+    class Record:
+        @plugin_hook
+        def input_fn(self, input_data: Any, content_type: str) -> Any:
+            seen.append(input_data)
+            return b"ok"
+
+    data = bytes(range(256)) * (size // 256) + bytes(size % 256)
+    environ = werkzeug.test.EnvironBuilder(method="POST", path="/invocations").get_environ()
+    environ.update({"wsgi.input": _Trickle(data, 4093), "CONTENT_LENGTH": str(size)})
+    statuses: list[str] = []
+    body = b"".join(_app(Record())(environ, lambda status, headers: statuses.append(status)))  # type: ignore[arg-type,func-returns-value]
+    assert (statuses, body) == (["200 OK"], b"ok")
+    assert type(seen[0]) is bytearray and seen[0] == data
+
+
 def test_http_exceptions_from_werkzeug_keep_their_status() -> None:
     """Any werkzeug HTTPException from a hook (here 409) keeps its status and description."""
 

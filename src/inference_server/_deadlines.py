@@ -88,25 +88,33 @@ class Call:
     def take_slot(self, slots: Slots) -> None:
         """Wait for a model slot (until the deadline), then run the hooks (stage RUNNING); :meth:`give_back` returns
         the slot."""
-        self.enter(WAITING)
-        if slots.acquire(blocking=False):
+        if self.cancelled:
+            raise Cancelled
+        self.stage = WAITING
+        if slots.acquire(False):
             pass  # (a free slot: no timed wait, the common case)
         elif self.deadline == math.inf:
             slots.acquire()
         elif not slots.acquire(timeout=max(0.0, self.deadline - time.monotonic())):
             self.cancel()
             raise Cancelled
-        with self._lock:
-            if self.cancelled:
-                slots.release()
-                raise Cancelled
-            self._slot = slots
-            self.stage = RUNNING
+        lock = self._lock  # (acquired and released by hand: a with block costs more on every request)
+        lock.acquire()
+        if self.cancelled:
+            lock.release()
+            slots.release()
+            raise Cancelled
+        self._slot = slots
+        self.stage = RUNNING
+        lock.release()
 
     def give_back(self) -> None:
         """Give back the model slot if this call still holds it (idempotent; either thread may call it)."""
-        with self._lock:
-            slot, self._slot = self._slot, None
+        lock = self._lock
+        lock.acquire()
+        slot = self._slot
+        self._slot = None
+        lock.release()
         if slot is not None:
             slot.release()
 

@@ -42,18 +42,21 @@ class RequestIds(NamedTuple):
     inference_id: str | None
 
 
-#: The request being handled in this context: its ids join the lines logged while it is (model code's too).
-REQUEST: contextvars.ContextVar[RequestIds | None] = contextvars.ContextVar("inference_server_request", default=None)
+#: The request being handled in this context, ``(request ID, inference ID or None)``: its ids join the lines logged
+#: while it is (model code's too). A plain tuple, set and reset by the app directly: it is set on every request.
+REQUEST: contextvars.ContextVar[tuple[str, str | None] | None] = contextvars.ContextVar(
+    "inference_server_request", default=None
+)
 
 access_logger = logging.getLogger("inference_server.access")
 
 
-def bind(request_id: str, inference_id: str | None) -> contextvars.Token[RequestIds | None]:
+def bind(request_id: str, inference_id: str | None) -> contextvars.Token[tuple[str, str | None] | None]:
     """Lines logged in this context from now on belong to this request (until :func:`unbind`)."""
-    return REQUEST.set(RequestIds(request_id, inference_id))
+    return REQUEST.set((request_id, inference_id))
 
 
-def unbind(token: contextvars.Token[RequestIds | None]) -> None:
+def unbind(token: contextvars.Token[tuple[str, str | None] | None]) -> None:
     REQUEST.reset(token)
 
 

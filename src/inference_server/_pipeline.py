@@ -197,7 +197,7 @@ class Pipeline:
 
     def predict(self, data: Any, model: Any) -> Any:
         """``predict_fn`` alone (what a batch of inputs is run with)."""
-        return self._predict_fn(data=data, model=model)
+        return self._predict_fn(data, model)
 
     def invoke(
         self,
@@ -255,17 +255,14 @@ class Pipeline:
         hook, data = hooks[0], None
         try:
             started = time.perf_counter()
-            if framing is None:
-                data = self._input_fn(input_data=body, content_type=content_type)
-            else:
-                data = framing.decode(body, model)
+            data = self._input_fn(body, content_type) if framing is None else framing.decode(body, model)
             hook = "predict_fn"
             decoded = time.perf_counter()
-            prediction = self._predict_fn(data=data, model=model) if predict is None else predict(data)
+            prediction = self._predict_fn(data, model) if predict is None else predict(data)
             hook = hooks[2]
             predicted = time.perf_counter()
             if framing is None:
-                output = _output(self._output_fn(prediction=prediction, accept=parse_accept(accept)))
+                output = _output(self._output_fn(prediction, parse_accept(accept)))
             else:
                 output = framing.encode(prediction)
             if self._timed is not None:
@@ -292,19 +289,16 @@ class Pipeline:
         try:
             started = time.perf_counter()
             with tracing.stage(hook):
-                if framing is None:
-                    data = self._input_fn(input_data=body, content_type=content_type)
-                else:
-                    data = framing.decode(body, model)
+                data = self._input_fn(body, content_type) if framing is None else framing.decode(body, model)
             hook = "predict_fn"
             decoded = time.perf_counter()
             with tracing.stage(hook):
-                prediction = self._predict_fn(data=data, model=model) if predict is None else predict(data)
+                prediction = self._predict_fn(data, model) if predict is None else predict(data)
             hook = hooks[2]
             predicted = time.perf_counter()
             with tracing.stage(hook):
                 if framing is None:
-                    output = _output(self._output_fn(prediction=prediction, accept=parse_accept(accept)))
+                    output = _output(self._output_fn(prediction, parse_accept(accept)))
                 else:
                     output = framing.encode(prediction)
             if self._timed is not None:
@@ -372,10 +366,14 @@ def _output(result: Any) -> Output:
             summary=f"output_fn returned {shape}, not (body, content_type) or (body, content_type, headers)",
         )
     headers = [(str(name), str(value)) for name, value in result[2].items()] if len(result) == 3 else []
-    content = result[0]
+    content, media_type = result[0], result[1]
+    if type(media_type) is not str:
+        media_type = str(media_type)
+    if type(content) is bytes:  # the usual answer: no checks against abstract classes
+        return Output([content], media_type, headers)
     if isinstance(content, Iterator) and not isinstance(content, io.IOBase):
-        return Output([], str(result[1]), headers, Stream(content))
-    return Output(_as_buffers(content), str(result[1]), headers)
+        return Output([], media_type, headers, Stream(content))
+    return Output(_as_buffers(content), media_type, headers)
 
 
 def _chunk(item: Any) -> codecs.Buffer:

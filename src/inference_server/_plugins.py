@@ -222,20 +222,26 @@ def problems(pm: pluggy.PluginManager) -> list[str]:
 
 
 def first_result_caller(pm: pluggy.PluginManager, name: str) -> Callable[..., Any]:
-    """A caller for hook ``name`` with pluggy's first-result rule, resolved once instead of on every call.
+    """A caller for hook ``name`` with pluggy's first-result rule, resolved once instead of on every call; it takes
+    the hook's arguments by position, in the order of its spec.
 
     The request path calls three hooks per request; pluggy's general machinery costs more than the hooks of a
-    small model. Plugins with wrappers get pluggy's own caller.
+    small model. An implementation taking all of the spec's arguments in its order is called with them as they
+    are; one taking fewer gets its own. Plugins with wrappers get pluggy's own caller.
     """
     caller = getattr(pm.hook, name)
+    argnames: tuple[str, ...] = caller.spec.argnames
     implementations = caller.get_hookimpls()
     if any(impl.hookwrapper or impl.wrapper for impl in implementations):
-        return caller  # type: ignore[no-any-return]
-    ordered = [(impl.function, impl.argnames) for impl in reversed(implementations)]  # pluggy calls last first
+        return lambda *args: caller(**dict(zip(argnames, args, strict=True)))
+    ordered = [  # pluggy calls last first
+        (impl.function, None if tuple(impl.argnames) == argnames else tuple(map(argnames.index, impl.argnames)))
+        for impl in reversed(implementations)
+    ]
 
-    def call(**kwargs: Any) -> Any:
-        for function, argnames in ordered:
-            result = function(*[kwargs[argname] for argname in argnames])
+    def call(*args: Any) -> Any:
+        for function, picked in ordered:
+            result = function(*args) if picked is None else function(*[args[index] for index in picked])
             if result is not None:
                 return result
         return None

@@ -239,7 +239,7 @@ class Batcher:
             caller = _plugins.first_result_caller(pm, "predict_batch_fn")
 
             def batch(data: list[Any], model: Any) -> list[Any] | None:
-                return caller(data=data, model=model)  # type: ignore[no-any-return]
+                return caller(data, model)  # type: ignore[no-any-return]
 
         return cls(settings, predict, batch, recorder)
 

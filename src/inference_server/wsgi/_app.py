@@ -7,6 +7,7 @@ Each protocol module registers its routes (``register(app)``); what a request's 
 from __future__ import annotations
 
 import functools
+import logging
 import random
 import re
 import time
@@ -182,11 +183,11 @@ class App:
         sent (an iterator), when the server closes it.
         """
         started = time.perf_counter()
-        request_id = environ.get("HTTP_X_REQUEST_ID", "")
-        if not _REQUEST_ID.fullmatch(request_id):
+        request_id = environ.get("HTTP_X_REQUEST_ID")
+        if request_id is None or not _REQUEST_ID.fullmatch(request_id):
             request_id = f"{random.getrandbits(128):032x}"  # unique enough for logs; cheaper than uuid4
         method = environ["REQUEST_METHOD"]
-        bound = _logging.bind(request_id, environ.get(INFERENCE_ID))
+        bound = _logging.REQUEST.set((request_id, environ.get(INFERENCE_ID)))  # (_logging.bind, without its call)
         span = self._tracing.request(environ, request_id) if self._tracing is not None else None
         try:
             try:
@@ -199,7 +200,7 @@ class App:
                 headers.append((CUSTOM_ATTRIBUTES, custom_attributes))
             start_response(STATUS_LINES.get(status, f"{status} Unknown"), headers)
         finally:
-            _logging.unbind(bound)
+            _logging.REQUEST.reset(bound)
             if span is not None:
                 span.detach()
         if self._edge:
@@ -249,7 +250,8 @@ class App:
             if number is None:
                 number = recorder.kind(route, method, status, model)
             recorder.ended((number, started, ended, received, sent))
-        if self._access_log:
+        quiet = route in QUIET_ROUTES
+        if self._access_log and _logging.access_logger.isEnabledFor(logging.DEBUG if quiet else logging.INFO):
             _logging.access(
                 method=method,
                 path=environ.get("PATH_INFO") or "/",
@@ -260,7 +262,7 @@ class App:
                 response_bytes=sent,
                 request_id=request_id,
                 inference_id=environ.get(INFERENCE_ID),
-                quiet=route in QUIET_ROUTES,
+                quiet=quiet,
                 model=model,
                 target_model=target_model(environ),
             )

@@ -21,7 +21,7 @@ from inference_server._pipeline import Framing, Pipeline, Stream
 from inference_server._settings import Settings
 from inference_server.errors import GatewayTimeout, HookError, RequestTimeout, ServiceUnavailable
 from inference_server.wsgi._body import PEP_3333, Reading, read_body
-from inference_server.wsgi._replies import Body, Reply, Request, close
+from inference_server.wsgi._replies import HAND_OVER, Body, Reply, Request, close
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import WSGIEnvironment
@@ -146,6 +146,9 @@ class Lifecycle:
         except BaseException:
             worker.leave()
             raise
+        if not self.backend.closes_lists and _small_bytes(body):
+            worker.leave()  # (what Body.prepare would do at once for a server that never closes a small list)
+            return status, headers, body
         return status, headers, Body(body, worker.leave)
 
     def _arrived_before(self, moment: float, environ: WSGIEnvironment) -> bool:
@@ -271,6 +274,11 @@ class Lifecycle:
                 ", ".join(codecs.media_types()),
             )
         return content_type
+
+
+def _small_bytes(body: object) -> bool:
+    """Whether ``body`` is a list of one ``bytes`` of at most :data:`HAND_OVER` bytes: the usual small answer."""
+    return type(body) is list and len(body) == 1 and type(body[0]) is bytes and len(body[0]) <= HAND_OVER
 
 
 def _batched(
