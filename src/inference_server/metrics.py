@@ -25,7 +25,6 @@ The ``prometheus_client`` module is imported on first use, never at import of th
 
 from __future__ import annotations
 
-import array
 import atexit
 import bisect
 import collections
@@ -34,6 +33,7 @@ import itertools
 import logging
 import multiprocessing.util
 import os
+import struct
 import sys
 import threading
 import time
@@ -120,13 +120,11 @@ def _taken(queue: collections.deque[Any]) -> list[Any]:
     return list(itertools.starmap(queue.popleft, itertools.repeat((), len(queue))))
 
 
-def _taken_values(values: array.array[float], width: int) -> np.ndarray:
-    """What ``values`` holds now as rows of ``width``, taken out: another thread's ``extend`` of one row is atomic
-    (the GIL is not let go while a C loop copies a tuple of floats), and what it adds after ``len`` stays."""
-    count = len(values)
-    rows = values[:count]
-    del values[:count]
-    return np.frombuffer(rows, dtype=np.float64).reshape(-1, width)
+def _taken_rows(queue: collections.deque[tuple[float, ...]], width: int) -> np.ndarray:
+    """What ``queue`` holds now, taken out, as an array of rows of ``width`` numbers."""
+    rows = _taken(queue)
+    numbers = struct.pack(f"{len(rows) * width}d", *itertools.chain.from_iterable(rows))  # (numpy's array() is slower)
+    return np.frombuffer(numbers, dtype=np.float64).reshape(-1, width)
 
 
 class Recorder:
@@ -137,18 +135,20 @@ class Recorder:
         arrivals: collections.deque[None] = collections.deque()
         batches: collections.deque[tuple[int, int, list[float]]] = collections.deque()
         self._queues = arrivals, batches
-        # numbers kept as C doubles: a request leaves no Python object alive until the flush
-        self._requests = array.array("d")
-        self._stages = array.array("d")
+        # a request's numbers as one tuple of floats (not a container the garbage collector tracks once it has
+        # seen it), made into an array by the flush: appending to an array.array parses every number on the way
+        requests: collections.deque[tuple[float, ...]] = collections.deque()
+        stages: collections.deque[tuple[float, ...]] = collections.deque()
+        self._rows = requests, stages
         #: A request matched a route and is in flight from now on (``arrived(None)``).
         self.arrived = arrivals.append
         #: A request ended: ``ended((kind, started, ended, received, sent))``, ``kind`` from :meth:`kind`, the
         #: times from ``time.perf_counter()``, the sizes the bodies' bytes.
-        self.ended = self._requests.extend
+        self.ended = requests.append
         #: One invocation's hooks: ``timed((started, decoded, predicted, encoded))``: ``input_fn`` from ``started``
         #: to ``decoded``, ``predict_fn`` to ``predicted`` (with micro-batching, its wait for the group
         #: included), ``output_fn`` to ``encoded``.
-        self.timed = self._stages.extend
+        self.timed = stages.append
         #: The number of each kind of request (route, method, status, model) seen (see :meth:`kind`), and the labels
         #: of each number.
         self.kinds: dict[tuple[str, str, int, str], int] = {}
@@ -194,8 +194,7 @@ class Recorder:
         families = self.families()
         with self._flush_lock:
             arrivals, batches = (_taken(queue) for queue in self._queues)
-            requests = _taken_values(self._requests, 5)
-            stages = _taken_values(self._stages, 4)
+            requests, stages = _taken_rows(self._rows[0], 5), _taken_rows(self._rows[1], 4)
             self._in_flight += len(arrivals)
             if len(stages):
                 spent = np.diff(stages, axis=1)

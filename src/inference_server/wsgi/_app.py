@@ -198,7 +198,7 @@ class App:
             custom_attributes = environ.get("HTTP_X_AMZN_SAGEMAKER_CUSTOM_ATTRIBUTES")
             if custom_attributes and not any(k.lower() == CUSTOM_ATTRIBUTES.lower() for k, _ in headers):
                 headers.append((CUSTOM_ATTRIBUTES, custom_attributes))
-            start_response(STATUS_LINES.get(status, f"{status} Unknown"), headers)
+            start_response(STATUS_LINES.get(status) or f"{status} Unknown", headers)
         finally:
             _logging.REQUEST.reset(bound)
             if span is not None:
