@@ -46,6 +46,7 @@ ROUTE = "inference_server.route"
 _BODY_HEADERS = frozenset(("CONTENT_TYPE", "CONTENT_LENGTH"))
 #: Routes whose access-log lines are at debug level: health checks and scrapes would flood the log.
 QUIET_ROUTES = frozenset(("/ping", "/metrics"))
+_new_request: Callable[[type[Request], tuple[Any, ...]], Request] = tuple.__new__
 
 
 class Routes:
@@ -286,7 +287,7 @@ class App:
         if handler is None:
             allowed = sorted({*methods, *(["HEAD"] if "GET" in methods else [])})
             raise werkzeug.exceptions.MethodNotAllowed(allowed, f"{method} is not allowed here")
-        return handler(Request(environ, request_id, params))
+        return handler(_new_request(Request, (environ, request_id, params)))  # (Request(...) without its frame)
 
     def _check_head(self, environ: WSGIEnvironment) -> None:
         host = environ.get("HTTP_HOST")

@@ -146,8 +146,14 @@ class Lifecycle:
         except BaseException:
             worker.leave()
             raise
-        if not self.backend.closes_lists and _small_bytes(body):
-            worker.leave()  # (what Body.prepare would do at once for a server that never closes a small list)
+        if (  # the usual small answer, for a server that never closes a list: what Body.prepare would do at once
+            not self.backend.closes_lists
+            and type(body) is list
+            and len(body) == 1
+            and type(body[0]) is bytes
+            and len(body[0]) <= HAND_OVER
+        ):
+            worker.leave()
             return status, headers, body
         return status, headers, Body(body, worker.leave)
 
@@ -274,11 +280,6 @@ class Lifecycle:
                 ", ".join(codecs.media_types()),
             )
         return content_type
-
-
-def _small_bytes(body: object) -> bool:
-    """Whether ``body`` is a list of one ``bytes`` of at most :data:`HAND_OVER` bytes: the usual small answer."""
-    return type(body) is list and len(body) == 1 and type(body[0]) is bytes and len(body[0]) <= HAND_OVER
 
 
 def _batched(
