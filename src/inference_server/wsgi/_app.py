@@ -212,7 +212,8 @@ class App:
                     break
             route = environ.get(ROUTE, metrics.OTHER)
             record = (route, method, status, started, environ.get(BODY_BYTES, 0), sent, environ.get(MODEL, ""))
-            if body.whole if isinstance(body, Body) else type(body) in (list, tuple):
+            kind = type(body)
+            if kind is list or kind is tuple or (isinstance(body, Body) and body.whole):
                 self._finish(record, environ, request_id, span)  # the whole answer is handed to the server now
             else:  # an answer made as it is sent: done when the server closes it
                 body = body if isinstance(body, Body) else Body(body)
@@ -220,12 +221,13 @@ class App:
         if method == "HEAD":
             close(body)
             return []
-        if isinstance(body, Body) or type(body) not in (list, tuple):  # (made as it is sent: converted as it comes)
-            body = body if isinstance(body, Body) else Body(body)
-            return body.prepare(self.backend.bytes_only, hand_over=not self.backend.closes_lists)
-        if self.backend.bytes_only:
-            return [chunk if isinstance(chunk, bytes) else bytes(chunk) for chunk in body]
-        return body
+        kind = type(body)
+        if kind is list or kind is tuple:
+            if self.backend.bytes_only:
+                return [chunk if isinstance(chunk, bytes) else bytes(chunk) for chunk in body]
+            return body
+        body = body if isinstance(body, Body) else Body(body)  # (made as it is sent: converted as it comes)
+        return body.prepare(self.backend.bytes_only, hand_over=not self.backend.closes_lists)
 
     def _finish_sent(
         self,

@@ -65,16 +65,6 @@ def read_body(environ: WSGIEnvironment, limit: int | None, reading: Reading = PE
     """
     stream = environ["wsgi.input"]
     length_header = environ.get("CONTENT_LENGTH")
-    chunked = not length_header and "chunked" in environ.get("HTTP_TRANSFER_ENCODING", "").lower()
-    if chunked and not reading.verifies_chunked:
-        if limit is not None:
-            raise LengthRequired(_USE_CONTENT_LENGTH)
-        return _read_whole(environ, stream)
-    send_continue = reading.send_continue
-    if send_continue is not None and environ.get("HTTP_EXPECT", "").lower() == "100-continue":
-        over = limit is not None and length_header and length_header.isdigit() and int(length_header) > limit
-        if not over:
-            send_continue(environ)
     if length_header:
         try:
             length = int(length_header)
@@ -84,6 +74,8 @@ def read_body(environ: WSGIEnvironment, limit: int | None, reading: Reading = PE
             raise BadRequest(f"Content-Length {length_header!r} is not a byte count") from None
         if limit is not None and length > limit:
             raise PayloadTooLarge(f"the body is {length} bytes; the limit (MaxPayloadInMB) is {limit} bytes{_RAISE}")
+        if reading.send_continue is not None and environ.get("HTTP_EXPECT", "").lower() == "100-continue":
+            reading.send_continue(environ)
         if length <= _SMALL:  # one read and one copy (a server may return less: read on below)
             first = stream.read(length)
             if len(first) == length:
@@ -109,6 +101,13 @@ def read_body(environ: WSGIEnvironment, limit: int | None, reading: Reading = PE
             position += count
         environ[BODY_BYTES] = length
         return buffer
+    chunked = "chunked" in environ.get("HTTP_TRANSFER_ENCODING", "").lower()
+    if chunked and not reading.verifies_chunked:
+        if limit is not None:
+            raise LengthRequired(_USE_CONTENT_LENGTH)
+        return _read_whole(environ, stream)
+    if reading.send_continue is not None and environ.get("HTTP_EXPECT", "").lower() == "100-continue":
+        reading.send_continue(environ)
     if not (chunked or environ.get("wsgi.input_terminated")):
         return bytearray()  # no length and no framing: WSGI says there is no body to read
     buffer = bytearray()

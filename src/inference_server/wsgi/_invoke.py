@@ -171,18 +171,13 @@ class Lifecycle:
         start = time.monotonic()
         if self._timeout is None:
             return self._invoke(request, target, None, start, framing)
-        environ = request.environ
         body = None
         if self.backend.read_on_server_thread:
-            body = read_body(environ, target.pipeline.max_body, self.backend.body)
-        limit = min(self._timeout, self.settings.read_timeout)
-        call = _deadlines.Call(
-            start + limit if body is None else math.inf,
-            start + self._timeout,
-            self._abort_read,
-            self._recycle_stuck,
-            request,
-        )
+            body = read_body(request.environ, target.pipeline.max_body, self.backend.body)
+            read_deadline = math.inf
+        else:
+            read_deadline = start + min(self._timeout, self.settings.read_timeout)
+        call = _deadlines.Call(read_deadline, start + self._timeout, self._abort_read, self._recycle_stuck, request)
         self._watchdog.watch(call)
         try:
             reply = self._invoke(request, target, call, start, framing, body)
@@ -203,6 +198,7 @@ class Lifecycle:
             if reply is not None:
                 close(reply[2])
             if call.overran == _deadlines.READING:
+                limit = min(self._timeout, self.settings.read_timeout)
                 raise RequestTimeout(f"the request body did not arrive within {limit} s")
             raise GatewayTimeout(
                 f"the request took longer than the server's timeout of {self._timeout} s (while {call.overran})"
