@@ -50,6 +50,7 @@ unrun.
 
 from __future__ import annotations
 
+import _thread
 import collections
 import contextvars
 import dataclasses
@@ -136,6 +137,13 @@ def options(given: Mapping[str, int | None], chosen: frozenset[str], hook: Any, 
     return Options(size, delay / 1000, queue, slots)
 
 
+def _poke(poke: _thread.LockType) -> None:
+    """Wake the thread waiting on an input's ``poke`` lock (or the next wait on it), with the batcher's lock held (so
+    that two pokes never both release it)."""
+    if poke.locked():
+        poke.release()
+
+
 class _Input:
     """One request's input in the queue, and what became of it."""
 
@@ -157,11 +165,13 @@ class _Input:
 
     def __init__(self, data: Any, model: Any, key: object, call: Call | None) -> None:
         self.data, self.model, self.key, self.call = data, model, key, call
-        #: What its request's thread waits on: set when the input is done, or when a group may be ready (for the
-        #: oldest waiting input's thread). One event per input, apart from the batcher's lock: an arrival wakes one
+        #: What its request's thread waits on: poked when the input is done, or when a group may be ready (for the
+        #: oldest waiting input's thread). One per input, apart from the batcher's lock: an arrival wakes one
         #: thread, not every waiting one, and the inputs of a group that ended go on without taking the lock (32
-        #: threads woken at once to take it again would hold back every arrival behind them).
-        self.poke = threading.Event()
+        #: threads woken at once to take it again would hold back every arrival behind them). A bare lock, held
+        #: while not poked (see :func:`_poke`): a ``threading.Event`` costs several times more per wait.
+        self.poke = _thread.allocate_lock()
+        self.poke.acquire()
         #: Its thread is waiting for ``poke`` (not running a group of other inputs).
         self.waiting = False
         #: The request's context (a copy: another thread may run this input's prediction).
@@ -312,7 +322,7 @@ class Batcher:
                     self._wake_head()
                     for member in group:
                         member.done, member.ended = True, now
-                        member.poke.set()
+                        _poke(member.poke)
         if item.ended:  # the input of a group: how long after the last one it went on (see _turnaround)
             now = time.monotonic()
             if self._left > item.ended:
@@ -340,9 +350,9 @@ class Batcher:
                         self._free -= 1
                         self._wake_head()  # (another slot may be free for the next group)
                         return group
-                item.poke.clear()  # (with the lock held: a poke from now on is seen)
+                item.poke.acquire(False)  # (drops a poke not waited for; with the lock held, any later one is seen)
                 item.waiting = True
-            item.poke.wait(wait)
+            item.poke.acquire(True, wait)
             item.waiting = False
         return None
 
@@ -352,7 +362,7 @@ class Batcher:
         if self._free:
             for item in self._queue:
                 if item.waiting:
-                    item.poke.set()
+                    _poke(item.poke)
                     return
 
     def _ready(self) -> tuple[list[_Input], float]:
@@ -361,7 +371,7 @@ class Batcher:
         while queue and queue[0].answered:  # its request had its answer (a timeout): never run it
             dropped = queue.popleft()
             dropped.queued, dropped.done, dropped.error = False, True, Cancelled()
-            dropped.poke.set()
+            _poke(dropped.poke)
         if not queue:
             return [], _POLL
         head = queue[0]
