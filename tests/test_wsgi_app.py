@@ -411,7 +411,8 @@ def test_a_body_whose_reads_come_short_reaches_the_model_whole(size: int) -> Non
     statuses: list[str] = []
     body = b"".join(_app(Record())(environ, lambda status, headers: statuses.append(status)))  # type: ignore[arg-type,func-returns-value]
     assert (statuses, body) == (["200 OK"], b"ok")
-    assert type(seen[0]) is bytearray and seen[0] == data
+    assert type(seen[0]) is bytearray
+    assert seen[0] == data
 
 
 def test_http_exceptions_from_werkzeug_keep_their_status() -> None:
