@@ -102,6 +102,23 @@ def test_first_result_caller_matches_pluggy() -> None:
         assert fast(data, None) == pm.hook.predict_fn(data=data, model=None)
 
 
+def test_first_result_caller_of_one_plugin_falls_through_to_the_defaults() -> None:
+    """With one plugin beside the built-in hooks (the usual case), its None falls through to the defaults' answer, as
+    pluggy's would."""
+
+    class Picky:
+        @plugin_hook
+        def predict_fn(self, data: Any, model: Any) -> Any:
+            return None if data == "skip" else f"picky {data}"
+
+    pm = _plugins.build_manager([], [Picky()])
+    assert len(pm.hook.predict_fn.get_hookimpls()) == 2
+    fast = _plugins.first_result_caller(pm, "predict_fn")
+    for data in ("x", "skip"):
+        assert fast(data, str.upper) == pm.hook.predict_fn(data=data, model=str.upper)
+    assert fast("skip", str.upper) == "SKIP"
+
+
 def test_first_result_caller_leaves_wrappers_to_pluggy() -> None:
     """With a wrapper registered, the caller is pluggy's own, so the wrapper runs."""
     seen = []

@@ -239,6 +239,15 @@ def first_result_caller(pm: pluggy.PluginManager, name: str) -> Callable[..., An
         for impl in reversed(implementations)
     ]
 
+    if len(ordered) == 2 and ordered[0][1] is None and ordered[1][1] is None:  # a plugin's, then the defaults'
+        (first, _), (then, _) = ordered
+
+        def call_two(*args: Any) -> Any:
+            result = first(*args)
+            return then(*args) if result is None else result
+
+        return call_two
+
     def call(*args: Any) -> Any:
         for function, picked in ordered:
             result = function(*args) if picked is None else function(*[args[index] for index in picked])
