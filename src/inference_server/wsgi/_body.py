@@ -74,8 +74,8 @@ def read_body(environ: WSGIEnvironment, limit: int | None, reading: Reading = PE
             raise BadRequest(f"Content-Length {length_header!r} is not a byte count") from None
         if limit is not None and length > limit:
             raise PayloadTooLarge(f"the body is {length} bytes; the limit (MaxPayloadInMB) is {limit} bytes{_RAISE}")
-        if reading.send_continue is not None and environ.get("HTTP_EXPECT", "").lower() == "100-continue":
-            reading.send_continue(environ)
+        if reading.send_continue is not None:
+            _continue(environ, reading.send_continue)
         if length <= _SMALL:  # one read and one copy (a server may return less: read on below)
             first = stream.read(length)
             if len(first) == length:
@@ -106,8 +106,8 @@ def read_body(environ: WSGIEnvironment, limit: int | None, reading: Reading = PE
         if limit is not None:
             raise LengthRequired(_USE_CONTENT_LENGTH)
         return _read_whole(environ, stream)
-    if reading.send_continue is not None and environ.get("HTTP_EXPECT", "").lower() == "100-continue":
-        reading.send_continue(environ)
+    if reading.send_continue is not None:
+        _continue(environ, reading.send_continue)
     if not (chunked or environ.get("wsgi.input_terminated")):
         return bytearray()  # no length and no framing: WSGI says there is no body to read
     buffer = bytearray()
@@ -117,6 +117,12 @@ def read_body(environ: WSGIEnvironment, limit: int | None, reading: Reading = PE
             raise PayloadTooLarge(f"the chunked body passed the limit (MaxPayloadInMB) of {limit} bytes{_RAISE}")
     environ[BODY_BYTES] = len(buffer)
     return buffer
+
+
+def _continue(environ: WSGIEnvironment, send_continue: Callable[[WSGIEnvironment], None]) -> None:
+    """Send ``100 Continue`` if the client asked for it (``Expect: 100-continue``)."""
+    if environ.get("HTTP_EXPECT", "").lower() == "100-continue":
+        send_continue(environ)
 
 
 def _read_whole(environ: WSGIEnvironment, stream: Any) -> bytes:
