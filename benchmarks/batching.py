@@ -8,11 +8,17 @@ runs 1 or 2 worker processes (MLServer: ``parallel_workers``, its inference pool
 BentoML and MLServer batch up to 32 requests per call. BentoML waits adaptively (``max_latency_ms`` at its default);
 MLServer waits for a full batch at most ``max_batch_time``, here 5 ms, ours' default ``max_batch_delay``. Printed:
 requests/s, p50 and p99 latency (wrk's), and the mean batch (rows per model call, from the model's own log), medians
-over rounds in a rotating order, and the ratios of ours to batching off, to BentoML, to MLServer and to the model's
-own capacity (``predict_fn`` on full groups of 32, back to back, in one process, no HTTP).
+over rounds in a rotating order, the server's CPU time per request (all its processes), and the ratios of ours to
+batching off, to BentoML, to MLServer, to the event-loop ceiling and to the model's own capacity (``predict_fn`` on
+full groups of 32, back to back, in one process, no HTTP).
+
+The event-loop ceiling (``loop``, see ``LOOP``) is not a server: a few lines of asyncio on granian's RSGI interface
+with our ``.npy`` codec and no deadlines, metrics or logs, measuring what the worker's time per request could be
+without a thread per request.
 
 BentoML and MLServer run from PyPI, each in its own virtualenv (``_peers.py``, made on first use).
-Run: ``.venv/bin/python benchmarks/batching.py`` (about 16 minutes; ``--quick``: one short round, fewer cases).
+Run: ``.venv/bin/python benchmarks/batching.py`` (about 20 minutes; ``--quick``: one short round, fewer cases;
+``--contenders ours,loop``: only those).
 """
 
 from __future__ import annotations
@@ -41,6 +47,8 @@ MAX_BATCH = 32
 #: Seconds MLServer waits for a batch to fill: ours' default ``max_batch_delay`` (5 ms).
 MLSERVER_BATCH_TIME = 0.005
 MODEL = "bench"
+#: Every contender: batching off, ours, BentoML, MLServer, and the event-loop ceiling (``LOOP``).
+NAMES = ("off", "ours", "bentoml", "mlserver", "loop")
 #: Seconds to wait after each case: when wrk stops, up to 128 requests per worker may still be queued (0.7 s of work
 #: with batching off), which would otherwise be the next case's first latencies.
 SETTLE = 2.0
@@ -120,6 +128,68 @@ MLSERVER_MODEL = """
 """
 
 
+#: The event-loop ceiling: no thread per request. One asyncio loop per worker process, on granian's RSGI interface,
+#: decodes and encodes with our ``.npy`` codec and groups requests in a few lines: when the model frees, it waits (at
+#: most ``max_batch_delay``) until as many are queued as it just answered and had queued (capped at 32), and a
+#: request that finds the model idle goes at once. The model runs on one thread beside the loop. No deadlines,
+#: metrics, logs or error handling: a measure of what the worker's time per request could be without granian's
+#: WSGI threads, not a server.
+LOOP = f"""
+    import asyncio
+
+    import numpy as np
+
+    import bench_cost
+    from inference_server.codecs import npy
+
+    MAX, DELAY = {MAX_BATCH}, 0.005
+    queue = []
+    state = {{"running": False, "arrived": None}}
+
+
+    async def groups():
+        loop = asyncio.get_running_loop()
+        arrived = state["arrived"]
+        expected = 0  # answered by the last group, and queued then: they usually send again at once
+        while True:
+            deadline = loop.time() + DELAY
+            while len(queue) < min(MAX, expected) and deadline > loop.time():
+                arrived.clear()
+                try:
+                    await asyncio.wait_for(arrived.wait(), deadline - loop.time())
+                except TimeoutError:
+                    break
+            if not queue:
+                break
+            group = queue[:MAX]
+            del queue[:MAX]
+            prediction = await loop.run_in_executor(None, bench_cost.run, np.concatenate([data for data, _ in group]))
+            start = 0
+            for data, future in group:
+                future.set_result(prediction[start : start + len(data)])
+                start += len(data)
+            expected = len(group) + len(queue)
+        state["running"] = False
+
+
+    async def app(scope, protocol):
+        if scope.method != "POST":
+            protocol.response_bytes(200, [], b"ok")
+            return
+        if state["arrived"] is None:
+            state["arrived"] = asyncio.Event()
+        data = npy.decode_npy(await protocol())
+        future = asyncio.get_running_loop().create_future()
+        queue.append((data, future))
+        state["arrived"].set()
+        if not state["running"]:
+            state["running"] = True
+            asyncio.ensure_future(groups())
+        body = b"".join(npy.encode_npy(await future))
+        protocol.response_bytes(200, [("content-type", "application/x-npy")], body)
+"""
+
+
 def _npy_lua(array: np.ndarray) -> str:
     buffer = io.BytesIO()
     np.save(buffer, array)
@@ -184,8 +254,10 @@ def capacity(site: Path, variant: str, seconds: float = 2.0) -> float:
 
 
 @contextlib.contextmanager
-def contender(name: str, site: Path, variant: str, workers: int, calls: Path) -> Iterator[tuple[str, str, str]]:
-    """Start ``name``; yield its URL, the wrk script for it and a note on how it runs."""
+def contender(
+    name: str, site: Path, variant: str, workers: int, calls: Path
+) -> Iterator[tuple[str, str, str, h.Server]]:
+    """Start ``name``; yield its URL, the wrk script for it, a note on how it runs and the server."""
     env = h.base_env(
         PYTHONPATH=str(site),
         BENCH_VARIANT=variant,
@@ -195,7 +267,7 @@ def contender(name: str, site: Path, variant: str, workers: int, calls: Path) ->
     )
     if name == "bentoml":
         with _peers.bentoml(site, "service:Model", workers, env) as server:
-            yield f"http://127.0.0.1:{server.port}/predict", JSON, f"workers={workers}"
+            yield f"http://127.0.0.1:{server.port}/predict", JSON, f"workers={workers}", server
         return
     if name == "mlserver":
         settings: dict[str, object] = {"name": MODEL, "implementation": "bench_mlserver.Model"}
@@ -203,15 +275,21 @@ def contender(name: str, site: Path, variant: str, workers: int, calls: Path) ->
         with contextlib.ExitStack() as stack:
             runtimes = {"bench_mlserver": MLSERVER_MODEL}
             server, note = _peers.start_mlserver(stack, {MODEL: settings}, runtimes, workers, env)
-            yield f"http://127.0.0.1:{server.port}/v2/models/{MODEL}/infer", V2_JSON, note
+            yield f"http://127.0.0.1:{server.port}/v2/models/{MODEL}/infer", V2_JSON, note, server
         return
     port = h.free_port()
+    if name == "loop":
+        command = [h.PYTHON, "-m", "granian", "--interface", "rsgi", "--host", "127.0.0.1", "--port", str(port)]
+        command += ["--workers", str(workers), "--log-level", "warning", "bench_loop:app"]
+        with h.running(name, command, port, env) as server:
+            yield f"http://127.0.0.1:{port}/", NPY, f"--workers {workers}", server
+        return
     command = [h.PYTHON, "-m", "inference_server", "serve", "--host", "127.0.0.1", "--port", str(port)]
     command += ["--workers", str(workers)]
     if name == "ours":
         command += ["--max-batch-size", str(MAX_BATCH)]
-    with h.running(name, command, port, env):
-        yield f"http://127.0.0.1:{port}/invocations", NPY, f"--workers {workers}"
+    with h.running(name, command, port, env) as server:
+        yield f"http://127.0.0.1:{port}/invocations", NPY, f"--workers {workers}", server
 
 
 def main() -> None:
@@ -219,6 +297,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="one round of 3 s, sleep variant, 1 worker")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--seconds", type=int, default=4)
+    parser.add_argument("--contenders", default=",".join(NAMES), help=f"some of {','.join(NAMES)} (default: all)")
     args = parser.parse_args()
     if shutil.which("wrk") is None:
         sys.exit("wrk is needed (Debian package wrk)")
@@ -226,18 +305,23 @@ def main() -> None:
     variants = ["sleep"] if args.quick else ["sleep", "cpu"]
     worker_counts = [1] if args.quick else [1, 2]
     levels = [1, 8, 32, 128]
-    names = ["off", "ours", "bentoml", "mlserver"]
+    names = args.contenders.split(",")
+    if unknown := set(names) - set(NAMES):
+        parser.error(f"unknown contenders {', '.join(sorted(unknown))}: choose among {', '.join(NAMES)}")
     site = h.plugin_site({"bench_ours": OURS})
     (site / "bench_cost.py").write_text(textwrap.dedent(COST))
+    (site / "bench_loop.py").write_text(textwrap.dedent(LOOP))
     (site / "service.py").write_text(textwrap.dedent(SERVICE))
     calls = site / "calls.log"
-    print(
-        f"Python {platform.python_version()}, {h.load()}; "
-        f"BentoML: {_peers.versions(_peers.bentoml_python(), 'bentoml', 'uvloop')}; "
-        f"MLServer: {_peers.versions(_peers.mlserver_python(), 'mlserver', 'uvloop')}, "
-        f"max_batch_time {MLSERVER_BATCH_TIME * 1000:g} ms",
-        flush=True,
-    )
+    peers = []
+    if "bentoml" in names:
+        peers.append(f"BentoML: {_peers.versions(_peers.bentoml_python(), 'bentoml', 'uvloop')}")
+    if "mlserver" in names:
+        peers.append(
+            f"MLServer: {_peers.versions(_peers.mlserver_python(), 'mlserver', 'uvloop')}, "
+            f"max_batch_time {MLSERVER_BATCH_TIME * 1000:g} ms"
+        )
+    print("; ".join([f"Python {platform.python_version()}, {h.load()}", *peers]), flush=True)
     capacities = {variant: capacity(site, variant) for variant in variants}
     for variant, rate in capacities.items():
         print(f"the {variant} model's own capacity, full groups of {MAX_BATCH} back to back: {rate:.0f} rows/s")
@@ -248,49 +332,54 @@ def main() -> None:
         for workers in worker_counts:
             for _ in range(rounds):
                 for name in names[round_ % len(names) :] + names[: round_ % len(names)]:
-                    with contender(name, site, variant, workers, calls) as (url, lua, note):
+                    with contender(name, site, variant, workers, calls) as (url, lua, note, server):
                         notes[name].add(note)
                         wrk(url, lua, 8, 1)  # warm-up: models loaded, threads started
                         for clients in levels[turn % 4 :] + levels[: turn % 4]:
                             calls.write_text("")
+                            cpu = server.cpu_seconds()
                             rate, p50, p99 = wrk(url, lua, clients, seconds)
+                            cpu_us = (server.cpu_seconds() - cpu) / (rate * seconds) * 1e6
                             time.sleep(SETTLE)
                             rows = [int(line) for line in calls.read_text().split()]
                             batch = sum(rows) / len(rows) if rows else 0.0
-                            results.setdefault((variant, workers, clients, name), []).append((rate, p50, p99, batch))
+                            run = (rate, p50, p99, batch, cpu_us)
+                            results.setdefault((variant, workers, clients, name), []).append(run)
                             print(
                                 f"  {variant} w{workers} c{clients:<3} {name:8} {rate:8.0f}/s p50 {p50:7.2f} ms "
-                                f"p99 {p99:7.2f} ms batch {batch:5.1f}",
+                                f"p99 {p99:7.2f} ms batch {batch:5.1f} server CPU {cpu_us:4.0f} us/request",
                                 flush=True,
                             )
                     turn += 1
                 round_ += 1
     print(f"\n{h.load()}")
     for name in ("bentoml", "mlserver"):
-        print(f"{name}: {'; '.join(sorted(notes[name]))}")
-    print()
-    print("| model | workers | clients | off: req/s, p50, p99 | ours: req/s, p50, p99, batch | BentoML: req/s, p50, "
-          "p99, batch | MLServer: req/s, p50, p99, batch | ours/off | ours/BentoML | ours/MLServer | "
-          "ours/capacity |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+        if name in names:
+            print(f"{name}: {'; '.join(sorted(notes[name]))}")
+    titles = {"off": "off", "ours": "ours", "bentoml": "BentoML", "mlserver": "MLServer", "loop": "loop ceiling"}
+    ratios = [name for name in ("off", "bentoml", "mlserver", "loop") if name in names and "ours" in names]
+    print("\nEach cell: req/s, p50, p99, mean batch, server CPU per request.\n")
+    head = ["model", "workers", "clients", *(titles[name] for name in names)]
+    head += [f"ours/{titles[name]}" for name in ratios] + (["ours/capacity"] if "ours" in names else [])
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
     for variant in variants:
         for workers in worker_counts:
             for clients in levels:
                 cells = {}
                 for name in names:
                     runs = results[variant, workers, clients, name]
-                    cells[name] = [h.median([run[i] for run in runs]) for i in range(4)]
-                off, ours, bento, mlserver = cells["off"], cells["ours"], cells["bentoml"], cells["mlserver"]
-
-                def cell(values: list[float], batch: bool = True) -> str:
-                    text = f"{values[0]:.0f}/s, {values[1]:.2f} ms, {values[2]:.2f} ms"
-                    return text + (f", {values[3]:.1f}" if batch else "")
-
-                print(
-                    f"| {variant} | {workers} | {clients} | {cell(off, False)} | {cell(ours)} | {cell(bento)} | "
-                    f"{cell(mlserver)} | {ours[0] / off[0]:.2f}x | {ours[0] / bento[0]:.2f}x | "
-                    f"{ours[0] / mlserver[0]:.2f}x | {ours[0] / capacities[variant]:.2f}x |"
-                )
+                    cells[name] = [h.median([run[i] for run in runs]) for i in range(5)]
+                row = [variant, str(workers), str(clients)]
+                row += [
+                    f"{cells[name][0]:.0f}/s, {cells[name][1]:.2f} ms, {cells[name][2]:.2f} ms, {cells[name][3]:.1f}, "
+                    f"{cells[name][4]:.0f} us"
+                    for name in names
+                ]
+                row += [f"{cells['ours'][0] / cells[name][0]:.2f}x" for name in ratios]
+                if "ours" in names:
+                    row.append(f"{cells['ours'][0] / capacities[variant]:.2f}x")
+                print("| " + " | ".join(row) + " |")
 
 
 if __name__ == "__main__":
