@@ -296,6 +296,20 @@ def test_an_idle_kept_alive_connection_outlives_the_read_timeout(servers: Any, b
             assert sock.recv(1000).startswith(b"HTTP/1.1 200"), pause
 
 
+def test_a_kept_alive_connection_idle_for_64_seconds_still_serves_on_both_backends(servers: Any) -> None:
+    """Idle keep-alive outlives a load balancer's 60 s on granian and gunicorn alike (both idle together: one wait)."""
+    started = [servers.start("--server", backend, "--read-timeout", "1") for backend in ("granian", "gunicorn")]
+    with contextlib.ExitStack() as stack:
+        sockets = [
+            stack.enter_context(socket.create_connection(("127.0.0.1", server.port), timeout=10)) for server in started
+        ]
+        for pause in (0, 64):
+            time.sleep(pause)
+            for sock in sockets:
+                sock.sendall(b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n")
+                assert sock.recv(1000).startswith(b"HTTP/1.1 200"), (pause, sock.getpeername())
+
+
 def test_slow_body_gets_408_on_gunicorn(servers: Any, plugin_site: Any) -> None:
     """On gunicorn a body sent at 1 byte/s is cut off with 408 after --read-timeout; the server keeps serving.
     (granian reads bodies on its own threads, without a deadline of ours: tests/test_hostile.py.)"""
