@@ -332,7 +332,7 @@ def test_the_image_serves_v2_as_kserve_runs_a_custom_predictor(image: str, conta
         assert client.get_model_metadata("forecast") == {
             "name": "forecast",
             "platform": "inference-server",
-            "inputs": [],
+            "inputs": [{"name": "input_0", "datatype": "BYTES", "shape": [-1]}],
             "outputs": [],
         }
         location = triton.InferInput("location", [2], "FP64")

@@ -60,6 +60,16 @@ SIGNED = """
 """
 
 
+#: A model written for /invocations alone: it takes one number (a JSON body such as ``1.5``), not v2's dict of arrays.
+SCALAR = """
+    import inference_server
+
+    @inference_server.plugin_hook
+    def predict_fn(data, model):
+        return [float(data) * 2]
+"""
+
+
 @pytest.fixture
 def echo(servers: Any) -> Any:
     servers.plugin_site.add("echo_model", ECHO)
@@ -99,7 +109,7 @@ def test_tritonclient_sees_a_live_ready_server_and_its_model(echo: Any) -> None:
     assert client.get_model_metadata("echo_model") == {
         "name": "echo_model",
         "platform": "inference-server",
-        "inputs": [],
+        "inputs": [{"name": "input_0", "datatype": "BYTES", "shape": [-1]}],
         "outputs": [],
     }
 
@@ -299,6 +309,53 @@ def test_a_models_signature_is_its_metadata_and_checks_requests(servers: Any) ->
             client.infer("signed", [tensor(name, array, datatype, True)])
         assert refused.value.status() == "400"
         assert says in refused.value.message()
+
+
+def test_a_model_without_a_signature_says_what_it_takes(echo: Any) -> None:
+    """Without model_metadata, GET /v2/models/NAME names one input, input_0, of shape [-1] (any tensor is taken, and
+    the model gets a dict of arrays by name), and a request with that input is answered under its name."""
+    client = connect(echo)
+    inputs = client.get_model_metadata("echo_model")["inputs"]
+    assert inputs == [{"name": "input_0", "datatype": "BYTES", "shape": [-1]}]
+    result = client.infer("echo_model", [tensor("input_0", np.array([1.5, 2.5]), "FP64", True)])
+    assert result.as_numpy("input_0").tolist() == [1.5, 2.5]
+
+
+def test_a_model_that_fails_on_v2s_dict_gets_a_500_saying_what_v2_gives_it(servers: Any) -> None:
+    """A predict_fn written for /invocations (float(data)) answers there, and on v2 its TypeError is a 500 whose
+    error says that v2 gives predict_fn a dict of arrays by input name, names the request's inputs and points at the
+    how-to."""
+    servers.plugin_site.add("scalar_model", SCALAR)
+    server = servers.start()
+    reply = server.request("POST", "/invocations", b"1.5", {"Content-Type": "application/json"})
+    assert (reply.status, orjson.loads(reply.body)) == (200, [3.0])
+    status, answer = raw(
+        server,
+        "/v2/models/scalar_model/infer",
+        json_request({"name": "input_0", "shape": [1], "datatype": "FP64", "data": [1.5]}),
+    )
+    assert status == 500
+    assert answer["error"].startswith("predict_fn raised TypeError on what v2 gives it: a dict of arrays by input name")
+    assert "{'input_0': FP64 [1]}" in answer["error"]
+    assert "docs/how-to/v2.md" in answer["error"]
+    assert "see the server log for request" in answer["error"]
+
+
+def test_a_model_that_fails_otherwise_on_v2_keeps_the_usual_500() -> None:
+    """A predict_fn that raises an error of another kind than code raises on data it did not expect (here
+    RuntimeError) gets the usual 500 naming the hook and the exception's class, without the v2 hint."""
+
+    class Failing:
+        @plugin_hook
+        def predict_fn(self, data: Any, model: Any) -> Any:
+            raise RuntimeError("out of order")
+
+    app = App(Settings(model_dir="/nonexistent", model_name="model"), _plugins.build_manager([], [Failing()]))
+    response = werkzeug.test.Client(app).post(
+        "/v2/models/model/infer", data=json_request({"name": "x", "shape": [1], "datatype": "FP32", "data": [1]})
+    )
+    assert response.status_code == 500
+    assert orjson.loads(response.get_data())["error"].startswith("predict_fn raised RuntimeError; see the server log")
 
 
 def test_readiness_follows_the_drain(servers: Any, tmp_path: Path) -> None:

@@ -7,10 +7,12 @@ and model metadata, inference; errors as ``{"error": "..."}``) and triton-infere
 
 - ``GET /v2/health/live``, ``GET /v2/health/ready`` (ready is ``/ping``'s answer: the model loaded, ``ping_fn``,
   not draining), ``GET /v2`` (server metadata and extensions);
-- ``GET /v2/models/{name}[/versions/{version}]`` (the model's tensors, from the ``model_metadata`` hook),
-  ``.../ready``, ``POST .../infer``: the request's tensors reach ``predict_fn`` as a ``dict`` of arrays (binary
-  tensors as views on the body: :mod:`inference_server.codecs.v2`) through the same lifecycle as ``/invocations``
-  (deadline, drain, model slot, micro-batching, metrics), and its prediction goes back as output tensors;
+- ``GET /v2/models/{name}[/versions/{version}]`` (the model's tensors, from the ``model_metadata`` hook; without
+  declared inputs, :data:`ANY_INPUT`), ``.../ready``, ``POST .../infer``: the request's tensors reach ``predict_fn``
+  as a ``dict`` of arrays (binary tensors as views on the body: :mod:`inference_server.codecs.v2`) through the same
+  lifecycle as ``/invocations`` (deadline, drain, model slot, micro-batching, metrics), and its prediction goes back
+  as output tensors. A ``predict_fn`` that raises on that ``dict`` as code does on data of another kind (a model
+  written for ``/invocations`` alone) gets a 500 that says what v2 gave it and where the how-to is;
 - with several models (``--multi-model``): every loaded model by its name, and ``POST /v2/repository/index``,
   ``POST /v2/repository/models/{name}/load`` (from ``--model-root``) and ``.../unload`` over the same registry as
   SageMaker's ``/models`` API.
@@ -48,6 +50,14 @@ EXTENSIONS = ("binary_tensor_data",)
 REPOSITORY = "model_repository"
 #: The largest body of a repository request read.
 _MAX_REPOSITORY_BODY = 1 << 16
+#: The input ``GET /v2/models/NAME`` shows for a model that declares none: the specification's metadata has no
+#: "any" (a datatype is one of the table's, a shape a list of sizes), so this names what a client may send (an input
+#: named as outputs are, ``output_0``, with the datatype that carries anything) while every request is taken.
+ANY_INPUT: dict[str, Any] = {"name": "input_0", "datatype": "BYTES", "shape": [-1]}
+#: What code raises on data of a kind it did not expect (``float(data)``, ``data.shape``, ``data[0]`` on a dict).
+_ON_OTHER_DATA = (TypeError, AttributeError, KeyError, IndexError, ValueError)
+#: Where the reader of an error learns how v2 hands a model its inputs.
+_HOW_TO = 'docs/how-to/v2.md, "A model written for /invocations"'
 
 
 def register(app: App) -> None:
@@ -137,7 +147,7 @@ class _Handlers:
             {
                 "name": name,
                 "platform": "inference-server",
-                "inputs": metadata.get("inputs", []),
+                "inputs": metadata.get("inputs") or [dict(ANY_INPUT)],
                 "outputs": metadata.get("outputs", []),
             },
         )
@@ -159,7 +169,13 @@ class _Handlers:
     def infer(self, request: Request) -> Reply:
         target = self._target(request)
         framing = Framing(self.app, request.params["name"], request.environ)
-        return self.app.lifecycle.invoke(request, target, framing)
+        try:
+            return self.app.lifecycle.invoke(request, target, framing)
+        except HookError as exc:
+            explained = framing.explained(exc)
+            if explained is exc:
+                raise
+            raise explained from exc.error
 
     # -- the model repository ------------------------------------------------------------------------------------
     def index(self, request: Request) -> Reply:
@@ -214,6 +230,21 @@ class Framing:
         _check_inputs(self._signature.get("inputs"), request)
         self._request = request
         return request.inputs
+
+    def explained(self, error: HookError) -> HookError:
+        """``error`` saying what v2 gave ``predict_fn`` and where the how-to is, when ``predict_fn`` raised as code
+        does on data of a kind it did not expect (likely written for what ``input_fn`` makes); else ``error``."""
+        request = self._request
+        if error.hook != "predict_fn" or request is None or not isinstance(error.error, _ON_OTHER_DATA):
+            return error
+        names = list(request.inputs)
+        shown = [f"{name[:64]!r}: {request.datatypes[name]} {list(request.inputs[name].shape)}" for name in names[:4]]
+        more = f", and {len(names) - len(shown)} more" if len(names) > len(shown) else ""
+        summary = (
+            f"{error.summary} on what v2 gives it: a dict of arrays by input name ({{{', '.join(shown)}{more}}}), "
+            f"not what input_fn makes of an /invocations body; see {_HOW_TO}"
+        )
+        return HookError(error.hook, error.error, summary)
 
     def encode(self, prediction: Any) -> Output:
         assert self._request is not None
