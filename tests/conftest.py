@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 
 from inference_server import _models
+from tests._every_item_reports import pytest_runtest_logreport, pytest_sessionfinish  # noqa: F401 (hooks)
 
 READY_DEADLINE = 30.0
 
@@ -270,6 +271,53 @@ def unused_port() -> int:
     return free_port()
 
 
+def wait_until(condition: Callable[[], Any], deadline: float, message: str, poll: float = 0.02) -> Any:
+    """Wait for ``condition()`` to be true (returns its value), polling, or fail with ``message`` after ``deadline``
+    seconds: a test waits for the thing it needs, never for a fixed time."""
+    end = time.monotonic() + deadline
+    while not (value := condition()):
+        if time.monotonic() > end:
+            raise AssertionError(f"{message} (waited {deadline} s)")
+        time.sleep(poll)
+    return value
+
+
+#: Model code for a test's plugin: ``arrived()`` appends a line to the file named by ``ARRIVALS`` (if set) as a call
+#: begins, so that the test can wait for calls to be in the model (see :class:`Arrivals`).
+ARRIVED = """
+    def arrived():
+        import os
+
+        path = os.environ.get("ARRIVALS")
+        if path:
+            with open(path, "a") as log:
+                log.write("x\\n")
+"""
+
+
+class Arrivals:
+    """The file a test model's :data:`ARRIVED` code appends to: how many calls have begun, and a wait for them."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.touch()
+        #: The environment that tells a server's model where to write.
+        self.env = {"ARRIVALS": str(path)}
+
+    def count(self) -> int:
+        return self.path.read_bytes().count(b"\n")
+
+    def wait(self, count: int, deadline: float = 30) -> None:
+        """Wait until ``count`` calls have begun in all."""
+        wait_until(lambda: self.count() >= count, deadline, f"{count} calls did not reach the model")
+
+
+@pytest.fixture
+def arrivals(tmp_path: Path) -> Arrivals:
+    """An empty :class:`Arrivals` file for this test."""
+    return Arrivals(tmp_path / "arrivals")
+
+
 @dataclass
 class Reply:
     """A response read whole."""
@@ -333,6 +381,26 @@ class Server:
             return Reply(response.status, response.headers, response.read())
         finally:
             connection.close()
+
+    def metric(self, name: str, **labels: str) -> float:
+        """The sum of the samples named ``name`` (with these labels) that ``/metrics`` shows now."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        text = self.request("GET", "/metrics").body.decode()
+        return sum(
+            sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.name == name and labels.items() <= sample.labels.items()
+        )
+
+    def wait_in_flight(self, count: int, deadline: float = 30) -> None:
+        """Wait until the server counts ``count`` requests in flight (arrived and not answered; scrapes excepted)."""
+        wait_until(
+            lambda: self.metric("inference_server_requests_in_flight") >= count,
+            deadline,
+            f"{count} requests did not reach the server",
+        )
 
     def peak_rss(self) -> int:
         """The largest peak resident memory (VmHWM, bytes) among the server's processes."""
