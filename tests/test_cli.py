@@ -286,3 +286,27 @@ def test_ctrl_c_stops_at_once_with_one_info_line(servers: Any, backend: str) -> 
     assert "[INFO] inference_server: SIGINT: stopping at once" in output
     assert "[ERROR]" not in output
     assert "Traceback" not in output
+
+
+def test_plugins_script_shows_the_script_alone_unless_plugins_are_named(tmp_path: Path) -> None:
+    """``plugins --script`` with plugins installed and none named lists the script and the built-in hooks only, as
+    ``serve --script`` serves it; ``--plugins`` or INFERENCE_SERVER_PLUGINS adds the ones they name after it."""
+    script = tmp_path / "inference.py"
+    script.write_text(SCRIPT)
+    alone = _run("plugins", "--script", str(script), "--strict")
+    assert alone.returncode == 0, alone.stdout + alone.stderr
+    description = f"{script}, functions the script lacks from --script-defaults inference-server"
+    assert alone.stdout.splitlines()[0] == f"plugin script:{script} ({description})"
+    assert "hook input_fn: built-in\n" in alone.stdout
+    assert f"hook predict_fn: script:{script} (the script's), then built-in\n" in alone.stdout
+    assert "shipping_forecast" not in alone.stdout
+    for named in (
+        _run("plugins", "--script", str(script), "--plugins", "shipping_forecast"),
+        _run("plugins", "--script", str(script), env={"INFERENCE_SERVER_PLUGINS": "shipping_forecast"}),
+    ):
+        assert "plugin shipping_forecast (" in named.stdout
+        assert f"hook predict_fn: script:{script} (the script's), then shipping_forecast, then built-in" in (
+            named.stdout
+        )
+    without_script = _run("plugins", "--plugins", "")
+    assert without_script.stdout.splitlines()[0] == "plugins: none (the built-in hooks only)"

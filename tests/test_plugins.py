@@ -205,3 +205,29 @@ def test_the_process_manager_follows_the_selected_plugins(monkeypatch: pytest.Mo
     assert _plugins.describe(_plugins.manager())[0] == "plugins: none (the built-in hooks only)"
     monkeypatch.setenv("INFERENCE_SERVER_PLUGINS", "shipping_forecast")
     assert _plugins.describe(_plugins.manager())[0].startswith("plugin shipping_forecast")
+
+
+def test_a_scripts_view_leaves_out_the_installed_plugins_unless_named() -> None:
+    """``view`` (a script's plugins): of the installed plugins only those named, and plugins registered in code kept,
+    with the script's hooks first."""
+
+    class InCode:
+        @plugin_hook
+        def ping_fn(self, model: Any) -> bool:
+            return True
+
+    class Script:
+        @plugin_hook
+        def predict_fn(self, data: Any, model: Any) -> Any:
+            return "scripted"
+
+    discovered = _plugins.build_manager(None, [InCode()])
+    assert "shipping_forecast" in discovered.sources  # installed in this environment
+    alone = _plugins.view(discovered, Script(), "script:x")
+    assert next(name for name, _ in alone.list_name_plugin()) == _plugins.DEFAULTS_NAME
+    assert not set(discovered.sources) & {name for name, _ in alone.list_name_plugin()}
+    assert (alone.sources, _plugins.providers(alone, "predict_fn")) == ({}, ["script:x", _plugins.DEFAULTS_NAME])
+    assert len(_plugins.providers(alone, "ping_fn")) == 2  # InCode's, then the built-in
+    named = _plugins.view(_plugins.build_manager(["shipping_forecast"]), Script(), "script:x")
+    assert _plugins.providers(named, "predict_fn") == ["script:x", "shipping_forecast", _plugins.DEFAULTS_NAME]
+    assert set(named.sources) == {"shipping_forecast"}

@@ -697,3 +697,69 @@ def test_a_batched_predict_fn_reads_each_request_of_its_group_from_the_context(t
     assert sorted(answers) == list(range(32))
     assert all(answer[0] == number for number, answer in answers.items())
     assert max(answer[1] for answer in answers.values()) > 1  # groups did form
+
+
+#: The streaming page's generate.py: a model that takes ``{"prompt": ...}`` (which shipping_forecast's input_fn,
+#: installed in this environment, would refuse with a KeyError).
+GENERATE = """
+    def model_fn(model_dir):
+        return {"pause": 0}
+
+
+    def predict_fn(data, model):
+        for word in data["prompt"].split():
+            yield word.upper()
+"""
+
+
+def test_a_script_serves_alone_whatever_plugins_are_installed(servers: ServerFactory, tmp_path: Path) -> None:
+    """With plugins installed (this environment's examples) and none named, ``serve --script`` serves the script with
+    the built-in hooks and nothing else; ``--plugins NAME`` (or INFERENCE_SERVER_PLUGINS) adds the plugins it names."""
+    from inference_server import _plugins
+    from tests.conftest import Server
+
+    script = tmp_path / "generate.py"
+    script.write_text(textwrap.dedent(GENERATE))
+    env = servers.environment([], None)
+    del env[_plugins.PLUGINS_ENV]  # none named: every installed plugin is discovered
+    alone = Server(["--script", str(script), "--log-format", "text"], env, tmp_path / "alone.log")
+    servers.servers.append(alone)
+    alone.wait_ready()
+    reply = alone.request("POST", "/invocations", b'{"prompt": "fair isle"}', {"Content-Type": "application/json"})
+    assert (reply.status, reply.body) == (200, b'"FAIR"\n"ISLE"\n'), alone.output()
+    alone.stop()
+    assert "hook input_fn: built-in\n" in alone.output()
+    assert "shipping_forecast" not in alone.output()
+    named = Server(["--script", str(script), "--plugins", "shipping_forecast"], env, tmp_path / "named.log")
+    servers.servers.append(named)
+    named.wait_ready()
+    named.stop()
+    assert f"hook predict_fn: script:{script} (the script's), then shipping_forecast, then built-in" in named.output()
+
+
+def test_create_app_serves_a_script_alone_unless_plugins_are_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In process too, ``create_app()`` with a script (INFERENCE_SERVER_SCRIPT) runs none of the installed plugins'
+    hooks unless INFERENCE_SERVER_PLUGINS names them."""
+    import werkzeug.test
+
+    from inference_server import _plugins, create_app
+
+    script = tmp_path / "generate.py"
+    script.write_text(textwrap.dedent(GENERATE))
+    monkeypatch.setenv("INFERENCE_SERVER_SCRIPT", str(script))
+    monkeypatch.delenv(_plugins.PLUGINS_ENV)
+    app = create_app(model_dir=str(tmp_path))
+    assert [name for name, _ in app.pm.list_name_plugin()] == [_plugins.DEFAULTS_NAME, f"script:{script}"]
+    response = werkzeug.test.Client(app).post(
+        "/invocations", data=b'{"prompt": "utsire"}', content_type="application/json"
+    )
+    assert (response.status_code, response.get_data()) == (200, b'"UTSIRE"\n')
+    monkeypatch.setenv(_plugins.PLUGINS_ENV, "shipping_forecast")
+    named = create_app(model_dir=str(tmp_path))
+    assert [name for name, _ in named.pm.list_name_plugin()] == [
+        _plugins.DEFAULTS_NAME,
+        "shipping_forecast",
+        f"script:{script}",
+    ]

@@ -26,7 +26,8 @@ logger = logging.getLogger(PROJECT)
 _lock = threading.Lock()
 
 
-#: Comma-separated entry-point names to load instead of every installed plugin ("" loads none).
+#: Comma-separated entry-point names to load instead of every installed plugin ("" loads none); with a script (see
+#: :func:`view`), the installed plugins to add to it.
 PLUGINS_ENV = "INFERENCE_SERVER_PLUGINS"
 
 
@@ -53,6 +54,8 @@ class PluginManager(pluggy.PluginManager):
         self.add_hookspecs(HookSpecs)
         #: Installed plugins (entry points) by registered name.
         self.sources: dict[str, Source] = {}
+        #: Whether the installed plugins were named (``INFERENCE_SERVER_PLUGINS``), not all discovered.
+        self.named = False
         #: Counts changes to the set of plugins: a model is loaded for one generation (see ``_pipeline``).
         self.generation = 0
 
@@ -72,6 +75,7 @@ class PluginManager(pluggy.PluginManager):
 def build_manager(names: Collection[str] | None = None, plugins: Iterable[object] = ()) -> PluginManager:
     """A new plugin manager: the defaults, the installed plugins (only ``names`` if given), then ``plugins``."""
     pm = PluginManager()
+    pm.named = names is not None
     pm.register(default_plugin, name=DEFAULTS_NAME)
     entry_points = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
     if names is not None:
@@ -95,16 +99,22 @@ def build_manager(names: Collection[str] | None = None, plugins: Iterable[object
 
 
 def view(pm: pluggy.PluginManager, plugin: object, name: str) -> PluginManager:
-    """A manager of its own: ``pm``'s plugins in the same order, then ``plugin`` (so that its hooks run first).
+    """A script's manager of its own: ``pm``'s plugins in the same order, then the script's ``plugin`` (so that its
+    hooks run first). The installed plugins are left out unless they were named (``INFERENCE_SERVER_PLUGINS``):
+    an AWS ``inference.py`` is the whole model, as in AWS's containers, and a plugin that happens to be installed
+    in the same environment has no say in it. Plugins registered in code stay.
 
     What is registered into the view never reaches ``pm`` and its other views, so that two pipelines with two
     scripts never call each other's hooks or drop each other's models.
     """
     own = PluginManager()
+    sources: dict[str, Source] = getattr(pm, "sources", {})
+    named = getattr(pm, "named", True)  # a manager not built here: its plugins were chosen in code
     for registered_name, registered in pm.list_name_plugin():
-        if registered is not None:
+        if registered is not None and (named or registered_name not in sources):
             own.register(registered, name=registered_name)
-    own.sources = dict(getattr(pm, "sources", {}))
+    own.named = named
+    own.sources = dict(sources) if named else {}
     register(own, plugin, name=name)
     return own
 

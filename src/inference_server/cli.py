@@ -24,7 +24,8 @@ from inference_server.transform.records import ASSEMBLE_WITH, SPLIT_TYPES
 
 #: Variables read by the built-in hooks and the plugin loader rather than by the server's options.
 OTHER_VARIABLES = {
-    PLUGINS_ENV: "comma-separated entry-point names of the plugins to load (default: every installed one)",
+    PLUGINS_ENV: "comma-separated entry-point names of the installed plugins to load, as --plugins (default: every "
+    "installed one; with a script, none)",
     "SAGEMAKER_MAX_PAYLOAD_IN_MB": "largest request body in MB, beyond it 413; 0: no limit (default: 6)",
     "SAGEMAKER_BATCH_STRATEGY": "SingleRecord or MultiRecord, for /execution-parameters (default: MultiRecord)",
     "SAGEMAKER_MAX_CONCURRENT_TRANSFORMS": "for /execution-parameters (default: 1)",
@@ -59,14 +60,17 @@ def _parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentPars
     )
     for field in VARIABLES:
         _add_setting(serve, field)
+    _add_plugins_option(serve)
     plugins = commands.add_parser(
         "plugins",
         help="list the plugins, which of them provides each hook, and mistakes in the set; then exit",
-        description="Print what 'serve' would log at start-up about the plugins (INFERENCE_SERVER_PLUGINS selects "
-        "them), with a warning for each mistake found. Exit status 1 if a plugin cannot be loaded, or with "
-        "--strict if there is any warning: a container build can check its plugin set this way.",
+        description="Print what 'serve' would log at start-up about the plugins (--plugins or INFERENCE_SERVER_PLUGINS "
+        "selects them; a script is served alone unless they name some), with a warning for each mistake found. Exit "
+        "status 1 if a plugin cannot be loaded, or with --strict if there is any warning: a container build can "
+        "check its plugin set this way.",
     )
     plugins.add_argument("--strict", action="store_true", help="exit 1 if there is any warning")
+    _add_plugins_option(plugins)
     for field in SCRIPT_SETTINGS:
         _add_setting(plugins, field)
     return parser, {"serve": serve, "plugins": plugins, "transform": _transform_parser(commands)}
@@ -119,6 +123,7 @@ def _transform_parser(commands: Any) -> argparse.ArgumentParser:
     add("--endpoint", help="a running container's URL: send the requests there instead of to the installed hooks")
     add("--invocations-timeout-in-seconds", type=int, default=600, help="per request, with --endpoint (at most 3600)")
     add("--invocations-max-retries", type=int, default=3, help="retries of a 5xx or lost connection (at most 3)")
+    _add_plugins_option(transform)
     for field in SCRIPT_SETTINGS:
         _add_setting(transform, field)
     return transform  # type: ignore[no-any-return]
@@ -138,6 +143,24 @@ def _add_setting(command: argparse.ArgumentParser, field: str) -> None:
         command.add_argument(negative, dest=field, action="store_const", const="false", help=f"turn {option} off")
     else:
         command.add_argument(option, choices=variable.choices, help=help)
+
+
+def _add_plugins_option(command: argparse.ArgumentParser) -> None:
+    """``--plugins NAMES``: the installed plugins to load, as ``INFERENCE_SERVER_PLUGINS`` names them."""
+    command.add_argument(
+        "--plugins",
+        metavar="NAMES",
+        help=f"comma-separated entry-point names of the installed plugins to load, '' for none; with a script, the "
+        f"plugins whose hooks run after the script's (default: ${PLUGINS_ENV}, else every installed one, or none "
+        "with a script)",
+    )
+
+
+def _export_plugins(args: argparse.Namespace) -> None:
+    """``--plugins`` as ``INFERENCE_SERVER_PLUGINS``, which the plugin manager reads in this process and in the
+    processes it starts (the server's workers, a job's)."""
+    if args.plugins is not None:
+        os.environ[PLUGINS_ENV] = args.plugins
 
 
 def _export_script_settings(args: argparse.Namespace) -> None:
@@ -180,6 +203,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if extras:
         command.error(_unrecognized(command, extras))
+    _export_plugins(args)
     if args.command in ("plugins", "transform"):
         _export_script_settings(args)
     if args.command == "plugins":

@@ -17,8 +17,8 @@ or laid out as SageMaker unpacks a ``model.tar.gz``, the script in the model dir
     mkdir -p /tmp/iris-model/code && cp examples/inference_script/code/inference.py /tmp/iris-model/code/
     SAGEMAKER_PROGRAM=inference.py inference-server serve --model-dir /tmp/iris-model --script-defaults sklearn
 
-(Where plugins are installed too, as in this repository's ``.venv``, ``INFERENCE_SERVER_PLUGINS=`` before the command
-serves the script alone, without the start-up warnings that the plugins implement the same hooks.)
+(The script is served alone: plugins installed in the same environment, as in this repository's ``.venv``, have no
+say in it unless named with ``--plugins``.)
 
 Ask it (CSV or JSON rows of four measurements in cm; the answer is JSON unless ``Accept`` asks for CSV or ``.npy``)::
 
