@@ -9,7 +9,6 @@ import contextlib
 import http.client
 import os
 import signal
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,7 @@ import pytest
 import sseclient
 
 from inference_server import client
-from tests.conftest import local_aws_env
+from tests.conftest import local_aws_env, wait_until
 from tests.test_metrics import samples, total
 
 JSON = {"Content-Type": "application/json"}
@@ -62,8 +61,10 @@ STREAMER = """
                     count += 1
                     yield item
             finally:
-                if data.get("finally"):
-                    pathlib.Path(data["finally"]).write_text(str(count))
+                if data.get("finally"):  # written whole, then named: the test reads it once it exists
+                    written = pathlib.Path(data["finally"] + ".part")
+                    written.write_text(str(count))
+                    written.rename(data["finally"])
         return made()
 
     @inference_server.plugin_hook
@@ -100,11 +101,8 @@ def chunks(response: http.client.HTTPResponse) -> Iterator[bytes]:
 
 
 def wait_for(path: Path, deadline: float = 10) -> str:
-    end = time.monotonic() + deadline
-    while not path.exists():
-        assert time.monotonic() < end, f"{path} did not appear within {deadline} s"
-        time.sleep(0.02)
-    time.sleep(0.05)  # (written whole by then)
+    """What the model's generator wrote to ``path`` as it was closed."""
+    wait_until(path.exists, deadline, f"{path} did not appear")
     return path.read_text()
 
 
@@ -297,10 +295,7 @@ def test_sigterm_lets_an_open_stream_finish(backend: str, streamer: None, server
     response = post(server, "/invocations", {"items": ["a", "b", "c"], "gate": str(gate)})
     assert response.readline() == b'"a"\n'
     os.kill(server.process.pid, signal.SIGTERM)
-    deadline = time.monotonic() + 10
-    while server.request("GET", "/ping").status != 503:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    wait_until(lambda: server.request("GET", "/ping").status == 503, 10, "/ping still healthy after SIGTERM")
     gate.write_text("go")
     assert response.read() == b'"b"\n"c"\n'
     assert server.process.wait(20) == 0
@@ -365,18 +360,18 @@ def test_an_open_stream_is_in_flight_and_counted_with_what_it_sent_when_it_ends(
     def scrape() -> dict[Any, float]:
         return samples(server.request("GET", "/metrics").body.decode())
 
-    def wait_until(condition: Any) -> dict[Any, float]:
-        deadline = time.monotonic() + 10
-        while not condition(scraped := scrape()):
-            assert time.monotonic() < deadline, scraped
-            time.sleep(0.05)
-        return scraped
+    def scraped_when(condition: Any) -> dict[Any, float]:
+        def met() -> dict[Any, float] | None:
+            scraped = scrape()
+            return scraped if condition(scraped) else None
+
+        return wait_until(met, 10, "the metrics did not show it")
 
     response = post(server, "/invocations", {"items": ["a", "bc"], "gate": str(gate)})
     assert response.readline() == b'"a"\n'
-    wait_until(lambda scraped: total(scraped, "inference_server_requests_in_flight") == 1)
+    scraped_when(lambda scraped: total(scraped, "inference_server_requests_in_flight") == 1)
     gate.write_text("go")
     assert response.read() == b'"bc"\n'
-    scraped = wait_until(lambda scraped: total(scraped, "inference_server_requests_total", route="/invocations") == 1)
+    scraped = scraped_when(lambda scraped: total(scraped, "inference_server_requests_total", route="/invocations") == 1)
     assert total(scraped, "inference_server_response_body_bytes_sum", route="/invocations") == 9
     assert total(scraped, "inference_server_requests_in_flight") == 0
