@@ -11,6 +11,10 @@ How code blocks in ``docs/`` are written (fences start a line and name their lan
   until ``/ping`` answers 200; ``pip install ...`` is checked, not run: an ``inference-server[extra]`` must name an
   extra of ``pyproject.toml``, other packages must be installed in the test environment, and a local project (a
   directory with a ``pyproject.toml``) is made importable with its entry points, as an install would.
+- What a page needs beyond the README's quick start is its install line: its first ``pip install``, in a ``sh`` block
+  of its opening (before its first example and its second ``##`` section). Every module the page's examples import
+  or run is the standard library's, the quick start's (:data:`QUICK_START`), the install line's (:data:`IMPORT_NAMES`
+  where names differ) or the page's own; a later ``pip install`` only installs a project of the page's own.
 - ``localhost:8080`` in ``python`` and ``sh`` blocks means the page's server.
 - A ``json`` or ``text`` block right after a ``sh`` block (nothing but blank lines between) is what that block
   prints: ``json`` equal as JSON, each number to the precision the page writes it with (``0.98`` matches
@@ -30,6 +34,7 @@ with the plugins of :data:`INSTALLED` installed (``INFERENCE_SERVER_PLUGINS``) a
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import decimal
 import importlib.metadata
@@ -70,7 +75,6 @@ UNEXECUTED = {
 INSTALLED = {
     "tutorial.md": "shipping_forecast",
     "how-to/client.md": "shipping_forecast",
-    "how-to/tune.md": "sklearn_model",
 }
 LANGUAGES = {"python", "sh", "json", "toml", "console", "text"}
 
@@ -427,6 +431,177 @@ def test_unexecuted_list_is_current() -> None:
     assert not stale, f"no console block left on {stale}: remove them from UNEXECUTED"
 
 
+# What each page needs -----------------------------------------------------------------------------------------------
+
+#: The modules a requirement gives a page where they are not its own name (``-`` read as ``_``): its own, and those
+#: of its dependencies that the pages use. Only requirements the pages or pyproject's extras name; keep it short.
+IMPORT_NAMES = {
+    "boto3": {"boto3", "botocore"},
+    "dask": {"dask", "distributed", "pandas"},  # the dask extra's dask[dataframe,distributed]
+    "mkdocs-material": {"material", "mkdocs"},
+    "opentelemetry-sdk": {"opentelemetry"},
+    "sagemaker": {"sagemaker", "boto3", "botocore"},
+    "scikit-learn": {"sklearn", "joblib"},
+}
+#: What a page may use without saying so: the README's quick start (a virtualenv, with pip; this project with
+#: pyproject's ``dependencies``; the example plugin) and the standard library.
+QUICK_START = ("inference-server", "examples/shipping_forecast")
+
+
+def _requirement(text: str) -> tuple[str, set[str]]:
+    """A requirement's normalised name and extras: ``'inference-server[a,b]>=2'`` is ``inference-server``, {a, b}."""
+    match = re.match(r"\s*([A-Za-z0-9_.-]+)\s*(?:\[([^\]]*)\])?", text)
+    assert match, f"cannot read the requirement {text!r}"
+    name = re.sub(r"[-_.]+", "-", match[1]).lower()
+    return name, {extra.strip() for extra in (match[2] or "").split(",") if extra.strip()}
+
+
+def _modules_of(requirement: str) -> set[str]:
+    """The modules ``pip install requirement`` gives: inference-server's, with its extras', or by IMPORT_NAMES."""
+    name, extras = _requirement(requirement)
+    if name != "inference-server":
+        return IMPORT_NAMES.get(name, {name.replace("-", "_")})
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    modules = {"inference_server"}
+    for extra in sorted(extras):
+        assert extra in project["optional-dependencies"], f"inference-server has no extra {extra!r}"
+        modules |= {
+            module for dependency in project["optional-dependencies"][extra] for module in _modules_of(dependency)
+        }
+    return modules | {module for dependency in project["dependencies"] for module in _modules_of(dependency)}
+
+
+def _project_modules(pyproject: str) -> set[str]:
+    """What ``pip install`` of a local project gives: its own modules and its dependencies'."""
+    project = tomllib.loads(pyproject)["project"]
+    modules = {_requirement(project["name"])[0].replace("-", "_")}
+    modules |= {target.split(".")[0] for target in project.get("entry-points", {}).get("inference_server", {}).values()}
+    return modules | {module for dependency in project.get("dependencies", []) for module in _modules_of(dependency)}
+
+
+def _quick_start_modules() -> set[str]:
+    example = (ROOT / QUICK_START[1] / "pyproject.toml").read_text()
+    return set(sys.stdlib_module_names) | {"pip"} | _modules_of(QUICK_START[0]) | _project_modules(example)
+
+
+def _imports(code: str) -> set[str]:
+    """The top-level names of the modules ``code`` imports (absolute imports, wherever they stand)."""
+    names = set()
+    for node in ast.walk(ast.parse(code)):
+        if isinstance(node, ast.Import):
+            names |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def _segments(command: str) -> list[list[str]]:
+    """The simple commands of a logical line (split at ``|``, ``&&``, ``;``, ``$(``...), each as its words."""
+    lexer = shlex.shlex(command, posix=True, punctuation_chars=True)
+    lexer.whitespace_split = True
+    segments: list[list[str]] = [[]]
+    with contextlib.suppress(ValueError):  # an unbalanced quote: the words read so far
+        for token in lexer:
+            if token and all(char in "();<>|&" for char in token):
+                segments.append([])
+            else:
+                segments[-1].append(token)
+    return [words for words in segments if words]
+
+
+@dataclass
+class Needs:
+    """What a page's examples use, and what it installs."""
+
+    #: Each module the examples import or run (python blocks, files the page writes or runs, commands), and where.
+    used: dict[str, str] = field(default_factory=dict)
+    #: What the page gives itself: its install line, the local projects it installs, the modules it writes.
+    given: set[str] = field(default_factory=set)
+    #: The page's install line (its first ``pip install``, which must stand in the page's opening).
+    install: str | None = None
+    problems: list[str] = field(default_factory=list)
+
+
+def _needs(page: str) -> Needs:
+    """What the page's examples use, what its install line and its own steps give, and what is misplaced."""
+    needs, blocks, text = Needs(), _blocks(page), (DOCS / page).read_text()
+    written = {block.title: block for block in blocks if block.title and not block.title.startswith("examples/")}
+    needs.given = {Path(part).stem for title in written for part in Path(title).parts}
+    headings = [text.count("\n", 0, match.start()) + 1 for match in re.finditer(r"^## ", text, flags=re.MULTILINE)]
+    pip = re.compile(r"^\s*pip3? install ", re.MULTILINE)
+    runs = [b.line for b in blocks if b.title in written or (not b.title and b.language == "python")]
+    runs += [b.line for b in blocks if not b.title and b.language == "sh" and not pip.search(b.code)]
+    opening = min([*headings[1:2], *runs], default=len(text))  # the install line stands before both
+    scripts = {entry.name: entry.value for entry in importlib.metadata.entry_points(group="console_scripts")}
+    seen_pip = False
+
+    def use(modules: set[str], where: str) -> None:
+        for module in sorted(modules):
+            needs.used.setdefault(module, where)
+
+    def local(word: str) -> str | None:
+        """The ``pyproject.toml`` of the local project ``pip install word`` installs, if it is one."""
+        path = Path(word).as_posix().strip("/")
+        pyproject = "pyproject.toml" if path == "." else f"{path}/pyproject.toml"
+        if pyproject in written:
+            return written[pyproject].code
+        return (ROOT / pyproject).read_text() if path.startswith("examples/") else None
+
+    for block in blocks:
+        where = f"docs/{page}:{block.line}"
+        if block.language == "python" and (block.title is None or block.title in written):
+            use(_imports(block.code), where)
+        if block.language != "sh" or block.title is not None:
+            continue
+        for command in _commands(block.code):
+            for found in re.finditer(r"examples/[\w./-]+?\.py\b", command):  # a script of this repository it runs
+                use(_imports((ROOT / found[0]).read_text()), f"{where} ({found[0]})")
+            for words in _segments(command):
+                while words and _ASSIGNMENT.match(words[0]):
+                    words.pop(0)
+                program, arguments = (Path(words[0]).name, words[1:]) if words else ("", [])
+                if program in ("pip", "pip3") and arguments[:1] == ["install"]:
+                    requirements = [word for word in arguments[1:] if not word.startswith("-")]
+                    for word in requirements:
+                        pyproject = local(word)
+                        needs.given |= _project_modules(pyproject) if pyproject else _modules_of(word)
+                    if not seen_pip and block.line < opening:
+                        needs.install = " ".join(words)
+                    elif any(local(word) is None for word in requirements):
+                        needs.problems.append(
+                            f"{where}: `{' '.join(words)}` installs more than the page's own projects: name what the"
+                            " page needs in one pip install line in its opening, before its first example"
+                        )
+                    seen_pip = True
+                elif re.fullmatch(r"python[0-9.]*", program) and arguments[:1] == ["-m"] and len(arguments) > 1:
+                    use({arguments[1].split(".")[0]}, where)
+                elif re.fullmatch(r"python[0-9.]*", program) and arguments[:1] == ["-c"] and len(arguments) > 1:
+                    use(_imports(arguments[1]), where)
+                elif program in scripts:
+                    use({scripts[program].split(":")[0].split(".")[0]}, f"{where} (the {program} command)")
+    return needs
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_page_names_what_it_needs(page: str) -> None:
+    """Every module the page's examples import or run is the quick start's, or given by the page's install line."""
+    needs = _needs(page)
+    missing = {
+        module: where for module, where in needs.used.items() if module not in _quick_start_modules() | needs.given
+    }
+    problems = [*needs.problems]
+    problems += [
+        f"{where} uses {module}, which neither the quick start nor the page installs"
+        for module, where in missing.items()
+    ]
+    if missing:
+        problems.append(
+            f"give it in docs/{page}'s opening, before its first example: "
+            f"{'add to' if needs.install else 'a sh block with'} `{needs.install or 'pip install ...'}`"
+        )
+    assert not problems, "\n".join(problems)
+
+
 def _generator() -> Any:
     spec = importlib.util.spec_from_file_location("docs_reference", ROOT / "scripts" / "docs_reference.py")
     assert spec is not None
@@ -451,6 +626,14 @@ def test_hooks_reference_lists_every_hook() -> None:
     page = (DOCS / "reference" / "hooks.md").read_text()
     missing = [name for name in HOOK_NAMES if f"| `{name}(" not in page]
     assert not missing, f"docs/reference/hooks.md has no row for {missing}"
+
+
+def test_home_page_links_every_page() -> None:
+    """The home page links every other page of the site, so every capability's guide is one click from it."""
+    home = (DOCS / "index.md").read_text()
+    links = set(re.findall(r"\]\(([^)#]+\.md)", home))
+    missing = [page for page in PAGES if page != "index.md" and page not in links]
+    assert not missing, f"docs/index.md does not link {missing}"
 
 
 def test_every_page_is_in_the_nav() -> None:
