@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import _results
 import orjson
 import werkzeug
 import werkzeug.exceptions
@@ -121,7 +122,8 @@ def ours(**settings: Any) -> App:
     return app
 
 
-def main() -> None:
+def main(results: str | None) -> None:
+    run = _results.Run("app_overhead")
     # the access log as serve writes it (JSON lines), to /dev/null: its cost, not the terminal's
     _logging.configure(logging.INFO, "json", stream=open(os.devnull, "w"), background=True)  # noqa: SIM115
     metrics.recorder.start_flushing()  # as in a worker of serve: what is recorded is counted every 0.1 s
@@ -151,6 +153,11 @@ def main() -> None:
     for name in ("ours", "ours --timeout 0"):
         print(f"\n{name} costs {medians[name] / werkzeug_path:.2f}x the werkzeug path's time, ", end="")
         print(f"{(medians[name] - medians['bare']) * 1e6:.2f} us per request above bare")
+    mine = [name for name in apps if name.startswith("ours")]
+    run.group("time per request", "us", "lower", {name: seconds * 1e6 for name, seconds in medians.items()}, mine)
+    for name in ("ours --timeout 0", "werkzeug Request/Response", "bare"):
+        run.compare("time per request", "ours", name)
+    run.write(results, "In-process request path (app_overhead.py)", "one small JSON request, no server; 16 rounds")
 
 
 #: The contenders ``--instructions`` counts, by name: how to make each.
@@ -201,13 +208,21 @@ def instructions(name: str, count: int) -> int:
     return int(found.group(1))
 
 
-def count_instructions() -> None:
+def count_instructions(results: str | None) -> None:
     if shutil.which("valgrind") is None:
         sys.exit("--instructions needs valgrind (Debian package valgrind)")
+    run = _results.Run("app_overhead", "instructions")
+    counted = {}
     print(f"{'app':<36} {'instructions/request':>21}")
     for name in COUNTED:
         few, many = (instructions(name, count) for count in COUNTS)
-        print(f"{name:<36} {(many - few) / (COUNTS[1] - COUNTS[0]):>21,.0f}")
+        counted[name] = (many - few) / (COUNTS[1] - COUNTS[0])
+        print(f"{name:<36} {counted[name]:>21,.0f}")
+    ours = [name for name in counted if name.startswith("ours")]
+    run.group("instructions per request", "instructions", "lower", counted, ours)
+    for name in ("ours on granian --timeout 0", "werkzeug Request/Response", "bare"):
+        run.compare("instructions per request", "ours on granian", name)
+    run.write(results, "In-process request path, instructions (app_overhead.py --instructions)", "callgrind")
 
 
 if __name__ == "__main__":
@@ -215,10 +230,11 @@ if __name__ == "__main__":
     parser.add_argument("--instructions", action="store_true", help="count instructions per request (callgrind)")
     parser.add_argument("--one", choices=list(COUNTED), help=argparse.SUPPRESS)
     parser.add_argument("--count", type=int, default=COUNTS[0], help=argparse.SUPPRESS)
+    _results.add_argument(parser)
     args = parser.parse_args()
     if args.one:
         run_counted(args.one, args.count)
     elif args.instructions:
-        count_instructions()
+        count_instructions(args.results)
     else:
-        main()
+        main(args.results)

@@ -41,6 +41,7 @@ from pathlib import Path
 
 import _harness as h
 import _peers
+import _results
 import numpy as np
 
 MAX_BATCH = 32
@@ -298,7 +299,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--seconds", type=int, default=4)
     parser.add_argument("--contenders", default=",".join(NAMES), help=f"some of {','.join(NAMES)} (default: all)")
+    _results.add_argument(parser)
     args = parser.parse_args()
+    run = _results.Run("batching", "quick" if args.quick else None)
     if shutil.which("wrk") is None:
         sys.exit("wrk is needed (Debian package wrk)")
     rounds, seconds = (1, 3) if args.quick else (args.rounds, args.seconds)
@@ -380,6 +383,24 @@ def main() -> None:
                 if "ours" in names:
                     row.append(f"{cells['ours'][0] / capacities[variant]:.2f}x")
                 print("| " + " | ".join(row) + " |")
+                case = f"{variant} model, {workers} worker{'s' * (workers > 1)}, {clients} clients"
+                values = {titles[name]: cells[name][0] for name in names}
+                values["model capacity"] = capacities[variant]
+                details = {
+                    titles[name]: f"p50 {cells[name][1]:.2f} ms, p99 {cells[name][2]:.2f} ms, "
+                    f"batch {cells[name][3]:.1f}, {cells[name][4]:.0f} us CPU/request"
+                    for name in names
+                }
+                charted = clients == 32 or (args.quick and clients > 1)
+                run.group(case, "requests/s", "higher", values, ["ours"], details, chart=charted)
+                for name in ratios:
+                    run.compare(case, "ours", titles[name])
+                for name in ("ours", "loop"):
+                    if name in names:
+                        target = ">= 0.8x" if name == "ours" and clients == 32 else None
+                        run.compare(case, titles[name], "model capacity", target=target)
+    setup = f"model: 5 ms per call + 20 us per row; (1, 16) float32 requests; wrk; {rounds} round(s) of {seconds} s"
+    run.write(args.results, "Micro-batching (batching.py)", setup, "; ".join(peers) or None)
 
 
 if __name__ == "__main__":

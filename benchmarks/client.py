@@ -8,6 +8,7 @@ Run: ``.venv/bin/python benchmarks/client.py``.
 
 from __future__ import annotations
 
+import argparse
 import io
 import os
 import statistics
@@ -15,6 +16,7 @@ import time
 from collections.abc import Callable
 
 import _harness as h
+import _results
 import boto3
 import numpy as np
 import requests
@@ -35,6 +37,10 @@ PAYLOAD = 100_000_000
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    _results.add_argument(parser)
+    args = parser.parse_args()
+    run = _results.Run("client")
     site = h.plugin_site({"big_answer": BIG})
     env = h.base_env(PYTHONPATH=str(site), INFERENCE_SERVER_PLUGINS="big_answer", INFERENCE_SERVER_LOG_LEVEL="warning")
     port = h.free_port()
@@ -91,6 +97,13 @@ def main() -> None:
     for name, values in samples.items():
         value = statistics.median(values)
         print(f"  {name:<24} {value:6.2f} GB/s   ours / it {ours / value:5.2f}x")
+    medians = {name: statistics.median(values) for name, values in samples.items()}
+    run.group("100 MB .npy answer, request to ndarray", "GB/s", "higher", medians, ["ours Predictor"])
+    for name in list(medians)[1:]:
+        run.compare("100 MB .npy answer, request to ndarray", "ours Predictor", name)
+    run.write(
+        args.results, "Client download (client.py)", "gunicorn backend, one worker; 9 alternating rounds, medians"
+    )
 
 
 if __name__ == "__main__":

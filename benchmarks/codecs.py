@@ -18,6 +18,7 @@ import time
 import tracemalloc
 from collections.abc import Callable
 
+import _results
 import numpy as np
 import orjson
 import pyarrow as pa
@@ -106,7 +107,12 @@ def measure(array: np.ndarray, repeats: int, names: list[str]) -> dict[str, floa
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
-def report(title: str, medians: dict[str, float]) -> None:
+def report(title: str, medians: dict[str, float], run: _results.Run) -> None:
+    case = title.split(" (JSON")[0]
+    run.group(case, "us", "lower", {name: seconds * 1e6 for name, seconds in medians.items()}, ["ours npy", "ours npz"])
+    for name in list(medians)[1:]:
+        targeted = case.startswith("seed") and name in ("pickle-5 out-of-band", "pyarrow tensor IPC")
+        run.compare(case, "ours npy", name, target="<= 0.9x" if targeted else None)
     print(f"\n{title}")
     print(f"  {'contender':<22} {'median':>12} {'ours npy / it':>14}")
     for name, seconds in medians.items():
@@ -128,20 +134,29 @@ def encode_peak(array: np.ndarray, media_type: str) -> tuple[int, int]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="fewer repeats")
+    _results.add_argument(parser)
     args = parser.parse_args()
+    run = _results.Run("codecs", "quick" if args.quick else None)
     scale = 10 if args.quick else 1
     versions = f"numpy {np.__version__}, pyarrow {pa.__version__}, orjson {orjson.__version__}"
     print(f"python {sys.version.split()[0]}, {versions}")
     rng = np.random.default_rng(0)
     seed = rng.random((10000, 3, 4))
-    report("seed array (10000, 3, 4) float64, 960 KB", measure(seed, 2000 // scale, list(CONTENDERS)))
-    report("tiny array (1, 10) float64", measure(rng.random((1, 10)), 20000 // scale, list(CONTENDERS)))
+    report("seed array (10000, 3, 4) float64, 960 KB", measure(seed, 2000 // scale, list(CONTENDERS)), run)
+    report("tiny array (1, 10) float64", measure(rng.random((1, 10)), 20000 // scale, list(CONTENDERS)), run)
     big = rng.random(25_000_000, dtype=np.float32)
     fast = [name for name in CONTENDERS if name not in SLOW]
-    report("100 MB float32 (JSON contenders skipped: minutes per round trip)", measure(big, 30 // min(scale, 3), fast))
+    report(
+        "100 MB float32 (JSON contenders skipped: minutes per round trip)", measure(big, 30 // min(scale, 3), fast), run
+    )
+    peaks = {}
     for media_type in (NPY, NPZ):
         size, peak = encode_peak(big, media_type)
+        peaks[f"encode {media_type}"] = peak / 1e3
         print(f"\nencode {media_type} of {size / 1e6:.0f} MB: tracemalloc peak {peak / 1e3:.1f} KB")
+    run.group("tracemalloc peak encoding 100 MB", "KB", "lower", peaks, list(peaks), chart=False)
+    setup = "round trip: encode, join into one body, decode; medians, contenders alternating in a rotating order"
+    run.write(args.results, "Array codecs, round trip (codecs.py)", setup, versions)
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ from pathlib import Path
 
 import _harness as h
 import _peers
+import _results
 import numpy as np
 
 from inference_server import codecs
@@ -113,7 +114,9 @@ def start_peers(stack: contextlib.ExitStack) -> tuple[dict[str, h.Server], str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true")
+    _results.add_argument(parser)
     args = parser.parse_args()
+    run = _results.Run("http_large", "quick" if args.quick else None)
     repeats = 3 if args.quick else 9
     # No body limit, as the peers have none; with one, ours on granian refuses chunked bodies (411: granian cannot
     # tell the app whether one arrived whole, see wsgi/_body.py) and reads them with its whole-body read without.
@@ -188,6 +191,18 @@ def main() -> None:
         for peer in PEERS:
             ratios = [h.median(results[(name, label)]) / h.median(results[(peer, label)]) for label in labels]
             print(f"{name + ' / ' + peer:<30}" + "".join(f"{ratio:>15.2f}x" for ratio in ratios))
+    ours = [name for name in servers if name.startswith("ours")]
+    for label in labels:
+        medians = {name: h.median(results[(name, label)]) for name in servers if (name, label) in results}
+        run.group(label, "GB/s", "higher", medians, ours, {n: f"{h.spread(results[(n, label)])} GB/s" for n in medians})
+        for name in ours:
+            run.compare(label, name, "raw-socket ceiling", medians[name] / ceiling[label], "GB/s",
+                        ">= 0.5x" if label.startswith("100 MB") else None)  # fmt: skip
+        for peer in PEERS:
+            run.compare(label, "ours granian", peer)
+    run.group("peak RSS rise", "MiB", "lower", {name: peak / MiB for name, peak in peaks.items()}, ours)
+    setup = f"one worker each, {repeats} repeats in a rotating order, medians of payload / round trip"
+    run.write(args.results, "Large bodies echoed (http_large.py)", setup, about)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import _harness as h
 import _peers
+import _results
 
 JSON_ECHO = """
     import orjson
@@ -182,7 +183,9 @@ def main() -> None:
     parser.add_argument(
         "--observability", action="store_true", help="the cost of the metrics and the access log, on granian"
     )
+    _results.add_argument(parser)
     args = parser.parse_args()
+    run = _results.Run("http_small", "observability" if args.observability else "quick" if args.quick else None)
     rounds, seconds = (1, 3.0) if args.quick else (args.rounds, args.seconds)
     site = str(h.plugin_site({"json_echo": JSON_ECHO}))
     with open(os.path.join(site, "bare.py"), "w") as f:
@@ -192,6 +195,7 @@ def main() -> None:
     )
     print(f"before: {h.load()}", flush=True)
     results: dict[str, dict[str, list[float]]] = {}
+    about = ""
     with contextlib.ExitStack() as stack:
         servers = {}
         chosen = observability if args.observability else contenders
@@ -230,6 +234,7 @@ def main() -> None:
                 f"{name:<18} {invocations:>9.0f}/s ({spread}) {invocations / base - 1:+.1%} vs neither; "
                 f"{cpu:6.1f} us CPU ({h.spread(measured['cpu_us'])}) {cpu / base_cpu - 1:+.1%}"
             )
+        record(run, args.results, results, rounds, seconds, about)
         return
     legacy = h.median(results["1.3.3 gunicorn sync"]["invocations"])
     columns = (
@@ -255,6 +260,43 @@ def main() -> None:
         ours = h.median(results[name]["invocations"])
         cells = (f"{ours / h.median(results[peer]['invocations']):.2f}x" for peer in PEERS)
         print(f"{name:<22}" + "".join(f" {cell:>22}" for cell in cells))
+    record(run, args.results, results, rounds, seconds, about)
+
+
+def record(
+    run: _results.Run,
+    path: str | None,
+    results: dict[str, dict[str, list[float]]],
+    rounds: int,
+    seconds: float,
+    about: str,
+) -> None:
+    """The printed medians and ratios, as ``benchmarks/results/http_small*.json``."""
+    observability = run.variant == "observability"
+    ours = [name for name in results if name.startswith("ours") or (observability and name != "bare granian")]
+    spreads = {name: f"{h.spread(measured['invocations'])}/s over the rounds" for name, measured in results.items()}
+    for group, key, unit, better, chart in (
+        ("POST /invocations", "invocations", "requests/s", "higher", True),
+        ("server CPU per request", "cpu_us", "us", "lower", observability),
+        ("GET /ping", "ping", "requests/s", "higher", False),
+    ):
+        medians = {name: h.median(measured[key]) for name, measured in results.items()}
+        run.group(group, unit, better, medians, ours, spreads if key == "invocations" else None, chart)
+    if observability:
+        for name in ("default", "--no-metrics", "--no-access-log"):
+            run.compare("POST /invocations", name, "neither")
+            run.compare("server CPU per request", name, "neither")
+    else:
+        post = "POST /invocations"
+        run.compare(post, "ours granian", "1.3.3 gunicorn sync", target=">= 5x")
+        run.compare(post, "ours granian", "bare granian", target=">= 0.6x")
+        run.compare(post, "ours granian", "ours granian timeout0", target=">= 0.85x")
+        for peer in PEERS:
+            run.compare(post, "ours granian", peer, target=">= 1.0x")
+        run.compare(post, "ours gunicorn", "1.3.3 gunicorn sync")
+        run.compare(post, "ours gunicorn", "bare gunicorn")
+    setup = f"{WORKERS} workers each, wrk 16 keep-alive connections, medians of {rounds} round(s) of {seconds:g} s"
+    run.write(path, "Small JSON requests (http_small.py)", setup, about or None)
 
 
 if __name__ == "__main__":

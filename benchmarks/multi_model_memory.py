@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import _harness as h
+import _results
 import orjson
 
 PLUGIN = """
@@ -100,7 +101,7 @@ class Bench:
             raise RuntimeError(f"unloading {name}: {status} {answer}")
 
 
-def run(workers: int, model_mb: int, mmap_threshold: int | None) -> None:
+def run(workers: int, model_mb: int, mmap_threshold: int | None, record: _results.Run) -> None:
     site = h.plugin_site({"mm_bench": PLUGIN})
     env = h.base_env(PYTHONPATH=str(site), INFERENCE_SERVER_PLUGINS="mm_bench", INFERENCE_SERVER_LOG_LEVEL="warning")
     if mmap_threshold is not None:
@@ -108,7 +109,10 @@ def run(workers: int, model_mb: int, mmap_threshold: int | None) -> None:
     port = h.free_port()
     command = [h.PYTHON, "-m", "inference_server", "serve", "--multi-model", "--workers", str(workers)]
     command += ["--host", "127.0.0.1", "--port", str(port)]
-    with tempfile.TemporaryDirectory(prefix="bench-models-") as directory, h.running("server", command, port, env):
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-models-") as directory,
+        h.running("server", [*command, "--allow-model-dir", directory], port, env),
+    ):
         bench = Bench(port, workers, Path(directory), model_mb)
         pids = sorted(int(pid) for pid in bench.load_and_use("warm-up"))
         started = {pid: vm_rss(pid) for pid in pids}  # with the warm-up model held
@@ -145,6 +149,15 @@ def run(workers: int, model_mb: int, mmap_threshold: int | None) -> None:
     ratios = [after[pid] / empty[pid] for pid in pids]
     verdict = "met" if all(ratio <= 1.10 for ratio in ratios) else "NOT met"
     print(f"after/empty: {', '.join(f'{ratio:.3f}' for ratio in ratios)} (goal: within 10%: {verdict})")
+    case = f"--workers {workers}: RSS after unloading all / empty"
+    names = [f"worker {n}" for n in range(1, workers + 1)]
+    details = {
+        name: f"{empty[pid] / MB:.1f} MB empty, {after[pid] / MB:.1f} MB after"
+        for name, pid in zip(names, pids, strict=True)
+    }
+    record.group(case, "x", "lower", dict(zip(names, ratios, strict=True)), names, details)
+    for name in names:
+        record.compare(case, name, None, target="<= 1.10")
     costs = [cost for model in reported for cost in model.values()]
     print(
         f"GET /models rssBytesByWorker over {len(reported)} models x {workers} workers: median "
@@ -158,9 +171,13 @@ def main() -> None:
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2], help="worker counts to run (default 1 2)")
     parser.add_argument("--model-mb", type=int, default=8, help="MB each model allocates (default 8)")
     parser.add_argument("--mmap-threshold", type=int, help="the server's MALLOC_MMAP_THRESHOLD_ (default: glibc's)")
+    _results.add_argument(parser)
     arguments = parser.parse_args()
+    record = _results.Run("multi_model_memory")
     for workers in arguments.workers:
-        run(workers, arguments.model_mb, arguments.mmap_threshold)
+        run(workers, arguments.model_mb, arguments.mmap_threshold, record)
+    setup = f"serve --multi-model, {arguments.model_mb} MB per model, 50 models loaded, used by every worker, unloaded"
+    record.write(arguments.results, "Multi-model memory (multi_model_memory.py)", setup)
 
 
 if __name__ == "__main__":

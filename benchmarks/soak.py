@@ -20,6 +20,7 @@ import threading
 import time
 
 import _harness as h
+import _results
 import numpy as np
 
 from inference_server import codecs
@@ -128,7 +129,9 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=100_000)
     parser.add_argument("--server", default="granian", choices=["granian", "gunicorn"])
     parser.add_argument("--warmup", type=int, default=2_000, help="requests sent first and not counted")
+    _results.add_argument(parser)
     args = parser.parse_args()
+    run = _results.Run("soak", args.server)
     port = h.free_port()
     command = [h.PYTHON, "-m", "inference_server", "serve", "--host", "127.0.0.1", "--port", str(port)]
     command += ["--workers", "2", "--server", args.server]
@@ -163,6 +166,13 @@ def main() -> int:
         print(f"  ! {problem}")
     ok = not soak.errors and not soak.wrong and alive and soak.done == args.requests and growth < 0.10
     print("soak: PASS" if ok else "soak: FAIL")
+    name, problems = f"ours {args.server}", f"{len(soak.errors)} connection errors, {len(soak.wrong)} wrong answers"
+    run.group("requests/s", "requests/s", "higher", {name: soak.done / seconds}, [name], {name: problems})
+    rss = f"{first / 2**20:.1f} MiB after 10% of the requests, {last / 2**20:.1f} MiB at the end"
+    run.group("RSS at the end / after 10%", "x", "lower", {name: 1 + growth if first else 0.0}, [name], {name: rss})
+    run.compare("RSS at the end / after 10%", name, None, target="< 1.10")
+    setup = f"{soak.done:,} of {args.requests:,} requests answered, 32 keep-alive connections, 2 workers"
+    run.write(args.results, "Soak (soak.py)", setup, "soak: PASS" if ok else "soak: FAIL")
     return 0 if ok else 1
 
 

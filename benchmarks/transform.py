@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 import _harness as h
+import _results
 
 ECHO = """
     import inference_server
@@ -134,7 +135,9 @@ def main() -> None:
     parser.add_argument("--sizes", default="10,100", help="input sizes in MB, comma-separated")
     parser.add_argument("--rounds", type=int, default=3, help="rounds (medians are printed)")
     parser.add_argument("--naive-lines", type=int, default=5000, help="lines the naive loop posts (rate measured)")
+    _results.add_argument(parser)
     args = parser.parse_args()
+    run = _results.Run("transform")
     print(f"{platform.node()} {os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d %H:%M')}; before: {h.load()}")
     site = h.plugin_site({"bench_echo": ECHO})
     env = h.base_env(PYTHONPATH=str(site), INFERENCE_SERVER_PLUGINS="bench_echo", INFERENCE_SERVER_LOG_LEVEL="warning")
@@ -202,6 +205,16 @@ def main() -> None:
             end="",
         )
         print(f"{net:.0f} records/s, {net / minimal:.2f}x the minimal loop (whole process)")
+        case = f"{megabytes} MB CSV"
+        rates = {name: median(name, 0) for (size, name) in results if size == megabytes and name != STARTUP}
+        peaks = {name: f"peak RSS {max(r[2] for r in results[megabytes, name]) / 2**20:.0f} MB" for name in rates}
+        run.group(case, "records/s", "higher", rates, [n for n in rates if n not in (MINIMAL_LOOP, NAIVE)], peaks)
+        for name in rates:
+            if name not in (MINIMAL_LOOP, NAIVE):
+                run.compare(case, name, MINIMAL_LOOP, target=">= 0.5x" if name == LOCAL else None)
+        run.compare(case, LOCAL, NAIVE)
+    setup = f"CSV of 100-byte lines, an echo model, MultiRecord 6 MB requests; medians of {args.rounds} rounds"
+    run.write(args.results, "Batch Transform (transform.py)", setup)
 
 
 if __name__ == "__main__":

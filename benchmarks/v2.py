@@ -44,6 +44,7 @@ from collections.abc import Callable
 
 import _harness as h
 import _peers
+import _results
 import numpy as np
 import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
@@ -163,7 +164,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--seconds", type=float, default=3)
     parser.add_argument("--server", choices=("granian", "gunicorn"), default="granian", help="our HTTP server")
+    _results.add_argument(parser)
     args = parser.parse_args()
+    run = _results.Run("v2", "quick" if args.quick else None if args.server == "granian" else args.server)
     rounds, seconds = (2, 1.0) if args.quick else (args.rounds, args.seconds)
     python = _peers.mlserver_python()
     site = h.plugin_site({MODEL: OURS})
@@ -265,6 +268,22 @@ def main() -> None:
     if mlserver_name.endswith("JSON"):
         print(f"  like for like, ours v2 JSON / {mlserver_name}, requests/s: "
               f"{ratio('ours v2 JSON', mlserver_name, 'throughput')}")  # fmt: skip
+    ours = [name for name in results if name.startswith("ours")]
+    spreads = {name: f"{h.spread(measured['ms'])} ms over the rounds" for name, measured in results.items()}
+    medians = {name: h.median(measured["ms"]) for name, measured in results.items()}
+    run.group("time per request", "ms", "lower", medians, ours, spreads)
+    cpu = {name: h.median(measured["cpu_ms"]) for name, measured in results.items()}
+    run.group("server CPU per request", "ms", "lower", cpu, ours, chart=False)
+    run.compare("time per request", "ours v2 binary V2Client", "ours /invocations npy", target="<= 1.2x")
+    run.compare("time per request", "ours v2 binary", "ours /invocations npy")
+    for name in ("ours v2 binary", "ours v2 JSON"):
+        mine, theirs = medians[name], medians[mlserver_name]
+        target = ">= 1.0x" if name == "ours v2 binary" else None
+        run.compare("time per request", name, mlserver_name, theirs / mine, "requests/s", target)
+    setup = f"seed array echoed, one worker each, one sequential client; medians of {rounds} round(s) of {seconds:g} s"
+    run.write(
+        args.results, "Open Inference Protocol v2 (v2.py)", setup, f"ours: --server {args.server}; {mlserver_note}"
+    )
 
 
 if __name__ == "__main__":
