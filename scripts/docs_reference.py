@@ -210,7 +210,9 @@ def _operation(document: dict[str, Any], path: str, method: str, operation: dict
         ]
         lines += ["", *_table(["parameter", "in", "required", "meaning"], rows)]
     if "requestBody" in operation:
-        lines += ["", f"Request body (optional): {_media_types(operation['requestBody']['content'])}."]
+        body = _resolve(document, operation["requestBody"])
+        optional = "" if body.get("required") else " (optional)"
+        lines += ["", f"Request body{optional}: {_media_types(body['content'])}."]
     rows = []
     for status, response in operation["responses"].items():
         response = _resolve(document, response)

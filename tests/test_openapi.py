@@ -26,8 +26,9 @@ from tests.conftest import Server
 ROOT = Path(__file__).resolve().parent.parent
 DOCUMENT = yaml.safe_load((ROOT / "docs" / "openapi.yaml").read_text())
 schema = schemathesis.openapi.from_dict(DOCUMENT)
-#: The Open Inference Protocol's model repository routes exist only with --multi-model: checked on such a server.
-REPOSITORY = "/v2/repository/"
+#: SageMaker's model management routes and the Open Inference Protocol's model repository exist only with
+#: --multi-model: checked on such a server.
+MULTI_MODEL = ("/models", "/v2/repository/")
 #: Every operation of the document, each its own test with its label as id. (schemathesis's own ``parametrize``
 #: gives its items one node id for all, and under pytest-xdist items that share a node id report no result.)
 OPERATIONS = [result.ok() for result in schema.get_all_operations()]
@@ -93,7 +94,7 @@ def _conforms(operation: Any, base_url: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "operation", [op for op in OPERATIONS if not op.path.startswith(REPOSITORY)], ids=lambda op: op.label
+    "operation", [op for op in OPERATIONS if not op.path.startswith(MULTI_MODEL)], ids=lambda op: op.label
 )
 def test_live_server_conforms_to_the_document(operation: Any, live_server: Server) -> None:
     """schemathesis: generated requests for every operation get documented statuses, types and bodies, no 5xx."""
@@ -116,7 +117,7 @@ def multi_model_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ser
 
 
 @pytest.mark.parametrize(
-    "operation", [op for op in OPERATIONS if op.path.startswith(REPOSITORY)], ids=lambda op: op.label
+    "operation", [op for op in OPERATIONS if op.path.startswith(MULTI_MODEL)], ids=lambda op: op.label
 )
 def test_multi_model_server_conforms_to_the_document(operation: Any, multi_model_server: Server) -> None:
     """The same checks for the routes only a multi-model server has."""
