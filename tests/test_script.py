@@ -763,3 +763,54 @@ def test_create_app_serves_a_script_alone_unless_plugins_are_named(
         "shipping_forecast",
         f"script:{script}",
     ]
+
+
+#: A script that imports a sibling module ``utils`` (beside it in ``code/``), at its import and when called.
+WITH_SIBLING = """
+    import json
+
+    import utils
+
+
+    def model_fn(model_dir):
+        return utils.NAME
+
+
+    def predict_fn(data, model):
+        import utils as again  # some scripts import when called
+
+        return {"loaded": model, "called": again.NAME}
+
+
+    def output_fn(prediction, accept):
+        return json.dumps(prediction)
+"""
+
+
+def test_two_scripts_with_same_named_siblings_each_import_their_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two model directories whose code/inference.py each import a utils.py of their own, loaded in one process:
+    each script gets its own utils, at its import and when its functions run, whichever was loaded first."""
+    import werkzeug.test
+
+    from inference_server import create_app
+
+    monkeypatch.setenv("SAGEMAKER_PROGRAM", "inference.py")
+    monkeypatch.setenv("INFERENCE_SERVER_PLUGINS", "")
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    before = set(sys.modules)
+    try:
+        apps = {}
+        for name in ("first", "second"):
+            code = tmp_path / name / "code"
+            code.mkdir(parents=True)
+            (code / "inference.py").write_text(textwrap.dedent(WITH_SIBLING))
+            (code / "utils.py").write_text(f"NAME = {name!r}\n")
+            apps[name] = create_app(model_dir=str(tmp_path / name))
+        for name, app in apps.items():
+            response = werkzeug.test.Client(app).post("/invocations", data=b"{}", content_type="application/json")
+            assert (response.status_code, json.loads(response.get_data())) == (200, {"loaded": name, "called": name})
+    finally:
+        for module in set(sys.modules) - before:
+            del sys.modules[module]

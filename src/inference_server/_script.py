@@ -16,6 +16,8 @@ calls them:
 - ``output_fn`` and ``transform_fn`` return the body (bytes or str, sent as ``accept``) or ``(body, content_type)``;
 - an exception with an integer ``status_code`` (the toolkit's ``BaseInferenceToolkitError`` and its kind) answers
   that status with its ``message``;
+- the modules beside it (``code/utils.py``) are imported as the toolkit imports them, its directory first on
+  ``sys.path``, and each script's are its own when one process loads several (:class:`Siblings`);
 - a function the script lacks is ours (the built-in hooks), or with ``--script-defaults sklearn``, ``xgboost``,
   ``pytorch`` or ``huggingface`` that container's default (``containers``); ``model_fn`` the script must define
   unless the container has a default for it (PyTorch, Hugging Face), and then no script is needed at all.
@@ -23,8 +25,11 @@ calls them:
 
 from __future__ import annotations
 
+import builtins
+import contextlib
 import contextvars
 import functools
+import importlib.machinery
 import importlib.util
 import inspect
 import logging
@@ -32,10 +37,11 @@ import os
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import werkzeug.exceptions
 from werkzeug.datastructures import MIMEAccept
@@ -207,8 +213,15 @@ class ScriptPlugin:
     """The script's functions as inference-server hooks (those the script defines, and ``defaults`` for the rest
     unless it defines transform_fn); with no script (``module`` None), the container's defaults alone."""
 
-    def __init__(self, module: ModuleType | None, model_dir: str, defaults: str = "inference-server") -> None:
+    def __init__(
+        self,
+        module: ModuleType | None,
+        model_dir: str,
+        defaults: str = "inference-server",
+        siblings: Siblings | None = None,
+    ) -> None:
         self.model_dir = model_dir
+        self._siblings = siblings
         where = module.__file__ if module is not None else f"--script-defaults {defaults}"
         functions = {name: getattr(module, name) for name in FUNCTIONS if callable(getattr(module, name, None))}
         if "transform_fn" in functions and {"input_fn", "predict_fn", "output_fn"} & set(functions):
@@ -272,6 +285,11 @@ class ScriptPlugin:
         return _GroupContext(self.model_dir, [member.get(_request) or Context(self.model_dir) for member in members])
 
     def _model_fn(self, model_dir: str) -> Any:
+        if self._siblings is not None:  # its modules its own while it loads (unpickling finds their classes)
+            return self._siblings.run(lambda: self._load_model(model_dir))
+        return self._load_model(model_dir)
+
+    def _load_model(self, model_dir: str) -> Any:
         context = Context(model_dir)
         if "pre_model_fn" in self.functions:
             self._call("pre_model_fn", model_dir, context=context)
@@ -321,21 +339,121 @@ class ScriptPlugin:
         return result, chosen or wanted
 
 
+#: Held while ``sys.modules`` holds one script's sibling modules in place of another's (see :class:`Siblings`).
+_imports = threading.RLock()
+#: The modules imported from a script's directory, whoever's: another script's are taken out of the way.
+_from_scripts: weakref.WeakSet[ModuleType] = weakref.WeakSet()
+_T = TypeVar("_T")
+
+
+class Siblings:
+    """A script's own modules: those of its directory (a ``utils.py``, a package), each script's its own.
+
+    The toolkit imports the script with its directory first on ``sys.path``, into the process's one ``sys.modules``:
+    two scripts of one process (a model directory each, through ``create_app``) that both ``import utils`` would
+    both get the first one's. Here the script's import, and its ``model_fn`` (which may unpickle objects of its
+    modules' classes), run with its directory first on ``sys.path`` and the modules of another script's directory
+    that bear its modules' names out of ``sys.modules`` (:meth:`run`); an ``import`` in the script's functions finds
+    its own through the script's own ``__import__``. A name that no other script's module had stays the script's in
+    ``sys.modules``, as the toolkit leaves it. Modules that did not come from a script's directory (the standard
+    library, installed packages) are never moved.
+    """
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self._prefix = os.path.join(directory, "")
+        #: The top-level names of the modules the directory holds.
+        self.names = _module_names(directory)
+        #: This script's modules by name (its own included), once imported.
+        self.modules: dict[str, ModuleType] = {}
+
+    def run(self, call: Callable[[], _T]) -> _T:
+        """``call()`` with this script's modules in ``sys.modules`` in place of other scripts' of the same names, and
+        its directory first on ``sys.path``; the modules it imports from the directory are kept as this script's."""
+        with _imports:
+            names = self.names
+            stashed = {
+                key: module
+                for key, module in list(sys.modules.items())
+                if key.partition(".")[0] in names and module in _from_scripts and self.modules.get(key) is not module
+            }
+            for key in stashed:
+                del sys.modules[key]
+            for key, module in self.modules.items():
+                sys.modules.setdefault(key, module)
+            present = set(sys.modules)
+            sys.path.insert(0, str(self.directory))
+            try:
+                return call()
+            finally:
+                with contextlib.suppress(ValueError):
+                    sys.path.remove(str(self.directory))  # the copy put first here; the toolkit's stays
+                for key in set(sys.modules) - present:
+                    module = sys.modules[key]
+                    if key.partition(".")[0] in names and self._holds(module):
+                        self.modules[key] = module
+                        _from_scripts.add(module)
+                sys.modules.update(stashed)
+
+    def _holds(self, module: ModuleType) -> bool:
+        """Whether ``module`` was imported from this directory (a namespace package: one of its portions)."""
+        places = [getattr(module, "__file__", None) or "", *getattr(module, "__path__", [])]
+        return any(str(place).startswith(self._prefix) for place in places)
+
+    def builtins(self) -> dict[str, Any]:
+        """The script's builtins: the process's, with an ``__import__`` that gives the script its own modules."""
+        names, modules = self.names, self.modules
+
+        def __import__(
+            name: str,
+            globals: Any = None,
+            locals: Any = None,
+            fromlist: Sequence[str] | None = (),
+            level: int = 0,
+        ) -> ModuleType:
+            top = name.partition(".")[0]
+            if level != 0 or top not in names:
+                return builtins.__import__(name, globals, locals, fromlist or (), level)
+            module, package = modules.get(name), modules.get(top)
+            if module is not None and package is not None and all(hasattr(module, item) for item in fromlist or ()):
+                return module if fromlist else package
+            return self.run(lambda: builtins.__import__(name, globals, locals, fromlist or (), level))
+
+        return {**vars(builtins), "__import__": __import__}
+
+
+def _module_names(directory: Path) -> set[str]:
+    """The top-level names of the modules and packages in ``directory``."""
+    suffixes = tuple(importlib.machinery.all_suffixes())
+    names = set()
+    with contextlib.suppress(OSError), os.scandir(directory) as entries:
+        for entry in entries:
+            name = entry.name if entry.is_dir() else entry.name.partition(".")[0]
+            if name.isidentifier() and not name.startswith("__") and (entry.is_dir() or entry.name.endswith(suffixes)):
+                names.add(name)
+    return names
+
+
 @functools.cache
-def _load(path: Path) -> ModuleType:
-    """Import the script as a module of its own (its directory first on ``sys.path``, as the toolkit has it)."""
+def _load(path: Path) -> tuple[ModuleType, Siblings]:
+    """Import the script as a module of its own, its directory's modules its own (:class:`Siblings`), the directory
+    left on ``sys.path`` as the toolkit has it."""
     if str(path.parent) not in sys.path:
         sys.path.insert(0, str(path.parent))
     spec = importlib.util.spec_from_file_location(path.stem, path)
     if spec is None or spec.loader is None:
         raise PluginError(f"{path}: cannot be imported as a Python module")
+    loader = spec.loader
     module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault(path.stem, module)
+    siblings = Siblings(path.parent)
+    module.__dict__["__builtins__"] = siblings.builtins()  # what its functions import with
+    siblings.modules[path.stem] = module
+    _from_scripts.add(module)
     try:
-        spec.loader.exec_module(module)
+        siblings.run(lambda: loader.exec_module(module))
     except Exception as exc:
         raise PluginError(f"{path} failed to import: {type(exc).__name__}: {exc}") from exc
-    return module
+    return module, siblings
 
 
 class Script(NamedTuple):
@@ -356,5 +474,5 @@ def plugin(settings: Settings) -> Script | None:
         return None
     name = f"script:{path}" if path is not None else f"defaults:{settings.script_defaults}"
     with _lock:
-        module = _load(path) if path is not None else None
-    return Script(name, ScriptPlugin(module, settings.model_dir, settings.script_defaults), path)
+        module, siblings = _load(path) if path is not None else (None, None)
+    return Script(name, ScriptPlugin(module, settings.model_dir, settings.script_defaults, siblings), path)
