@@ -207,6 +207,8 @@ def test_nothing_acceptable_is_406_listing_what_could_be_sent() -> None:
 
 
 def test_limits_scale_with_max_payload() -> None:
-    """Decompression is bounded by the larger of 1 GiB and 10x MaxPayloadInMB."""
-    assert codecs.Limits.for_payload(6).max_decompressed_bytes == 1 << 30
+    """Decompression is bounded by 10x MaxPayloadInMB (1 GiB when bodies have no limit), the bound named."""
+    assert codecs.Limits.for_payload(6).max_decompressed_bytes == 60 << 20
     assert codecs.Limits.for_payload(200).max_decompressed_bytes == 2000 << 20
+    assert codecs.Limits.for_payload(0).max_decompressed_bytes == 1 << 30
+    assert codecs.Limits.for_payload(6).decompressed_bound.startswith("10 x the body limit of 6 MB (MaxPayloadInMB)")

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 
 from inference_server import codecs
-from inference_server.errors import DecodeError, NotAcceptable, UnsupportedMediaType
+from inference_server.errors import DecodeError, NotAcceptable, PayloadTooLarge, UnsupportedMediaType
 
 STREAM = "application/vnd.apache.arrow.stream"
 FILE = "application/vnd.apache.arrow.file"
@@ -112,6 +112,20 @@ def test_compressed_batches_are_bounded_before_they_are_inflated() -> None:
     assert codecs.loads(body, STREAM).equals(table)
     with pytest.raises(DecodeError, match=r"would hold 8388608 bytes decompressed; at most 1048576"):
         codecs.loads(body, STREAM, codecs.Limits(max_decompressed_bytes=1 << 20))
+
+
+def test_a_stream_decompressing_past_ten_times_the_body_limit_is_413_naming_the_ratio() -> None:
+    """On a server with a 6 MB body limit, a zstd stream whose buffers decompress to 64 MiB (a few KB sent) is
+    refused with 413 (also a DecodeError) saying 10 x the body limit; within it, it decodes."""
+    body = _zstd_stream(pa.table({"x": np.zeros(8 << 20, dtype=np.int64)}))
+    assert len(body) < 64 << 10
+    limits = codecs.Limits.for_payload(6)
+    with pytest.raises(PayloadTooLarge, match=r"hold 67108864 bytes decompressed; at most 62914560 bytes are allowed: "
+                       r"10 x the body limit of 6 MB \(MaxPayloadInMB\)") as refused:  # fmt: skip
+        codecs.loads(body, STREAM, limits)
+    assert isinstance(refused.value, DecodeError)
+    assert refused.value.code == 413
+    assert codecs.loads(body, STREAM, codecs.Limits.for_payload(7)).num_rows == 8 << 20
 
 
 def test_a_forged_uncompressed_length_is_refused_without_allocating() -> None:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from inference_server import codecs
-from inference_server.errors import DecodeError
+from inference_server.errors import DecodeError, PayloadTooLarge
 
 NPZ = "application/x-npz"
 
@@ -62,6 +62,19 @@ def test_zip_bomb_is_refused_before_inflating(npz_bomb: Callable[..., bytes]) ->
     finally:
         tracemalloc.stop()
     assert peak < 1 << 20
+
+
+def test_members_inflating_past_ten_times_the_body_limit_are_413_naming_the_ratio(
+    npz_bomb: Callable[..., bytes],
+) -> None:
+    """On a server with a 6 MB body limit, deflated members declaring 64 MiB (a 64 KB body) are refused with 413
+    (also a DecodeError) saying 10 x the body limit, before anything is inflated; within it, they decode."""
+    body = npz_bomb(64)
+    with pytest.raises(PayloadTooLarge, match=r"inflate to 67108992 bytes; at most 62914560 bytes are allowed: "
+                       r"10 x the body limit of 6 MB \(MaxPayloadInMB\)") as refused:  # fmt: skip
+        codecs.loads(body, NPZ, codecs.Limits.for_payload(6))
+    assert isinstance(refused.value, DecodeError)
+    assert codecs.loads(body, NPZ, codecs.Limits.for_payload(7))["bomb"].nbytes == 64 << 20
 
 
 def test_member_inflating_beyond_its_declared_size_is_refused(npz_bomb: Callable[..., bytes]) -> None:

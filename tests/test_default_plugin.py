@@ -196,8 +196,8 @@ def test_npz_bomb_is_refused_before_inflating(echo: Any, npz_bomb: Callable[...,
     body = npz_bomb(1536)
     before = echo.peak_rss()
     reply = echo.request("POST", "/invocations", body, {"Content-Type": NPZ})
-    assert reply.status == 400
-    assert "would inflate to 1610612864 bytes; at most 1073741824" in reply.json()["message"]
+    assert reply.status == 413
+    assert "would inflate to 1610612864 bytes; at most 83886080" in reply.json()["message"]
     assert echo.peak_rss() - before < 100 << 20
 
 

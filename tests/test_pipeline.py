@@ -146,9 +146,9 @@ def test_accept_reaches_output_fn_parsed_once() -> None:
 
 def test_codec_limits_are_per_pipeline(npz_bomb: Callable[..., bytes]) -> None:
     """Two pipelines in one process keep their own MaxPayloadInMB's decoding limits, whichever ran last."""
-    body = npz_bomb(1, declared=1500 << 20)  # declares 1.5 GiB: over 1 GiB (6 MB payload), under 2 GB (200 MB)
+    body = npz_bomb(1, declared=1500 << 20)  # declares 1.5 GiB: over 60 MiB (6 MB payload), under 2 GB (200 MB)
     small, large = _pipeline_with(), _pipeline_with(_Payload(200))
-    for pipeline, message in [(large, "inflates to fewer bytes"), (small, "at most 1073741824"), (large, "fewer")]:
+    for pipeline, message in [(large, "inflates to fewer bytes"), (small, "at most 62914560"), (large, "fewer")]:
         with pytest.raises(DecodeError, match=message):
             pipeline.invoke(body, NPZ, "*/*", pipeline.model())
 

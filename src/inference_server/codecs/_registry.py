@@ -10,13 +10,19 @@ import zlib
 from collections.abc import Callable, Iterable
 from typing import Any, ClassVar, TypeVar
 
-from inference_server.errors import DecodeError, EncodeError, NotAcceptable, UnsupportedMediaType
+from inference_server.errors import DecodeError, EncodeError, NotAcceptable, PayloadTooLarge, UnsupportedMediaType
 
 #: A piece of a body: the concatenation of an ``encode`` result is the body.
 Buffer = bytes | bytearray | memoryview
 
 GiB = 1 << 30
 MiB = 1 << 20
+
+
+#: How many times the body limit (``MaxPayloadInMB``) a compressed body may decompress to on a server: a 6 MB
+#: limit lets an Arrow body's zstd or lz4 buffers, or an ``.npz``'s deflated members, become 60 MiB, not the 1 GiB
+#: (31,866 times a 33.7 KB body) a fixed bound allowed.
+DECOMPRESSION_RATIO = 10
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,11 +33,33 @@ class Limits:
     max_archive_members: int = 4096
     #: Most bytes the members of an archive may inflate to (a zip bomb is refused before inflating).
     max_decompressed_bytes: int = GiB
+    #: What ``max_decompressed_bytes`` stands for, said in the 413 of a body that would decompress past it.
+    decompressed_bound: str = "the decoder's default"
 
     @classmethod
     def for_payload(cls, max_payload_in_mb: int) -> Limits:
-        """The defaults for a server whose bodies are at most ``max_payload_in_mb`` (the larger of 1 GiB and 10x)."""
-        return cls(max_decompressed_bytes=max(GiB, 10 * max_payload_in_mb * MiB))
+        """The limits of a server whose bodies are at most ``max_payload_in_mb`` MiB: they decompress to at most
+        :data:`DECOMPRESSION_RATIO` times that (1 GiB where bodies have no limit: ``MaxPayloadInMB`` 0)."""
+        if not max_payload_in_mb:
+            return cls(decompressed_bound="the bound of a server whose bodies have no limit (MaxPayloadInMB 0)")
+        return cls(
+            max_decompressed_bytes=DECOMPRESSION_RATIO * max_payload_in_mb * MiB,
+            decompressed_bound=(
+                f"{DECOMPRESSION_RATIO} x the body limit of {max_payload_in_mb} MB (MaxPayloadInMB); the server's "
+                "operator can raise it with SAGEMAKER_MAX_PAYLOAD_IN_MB or the max_payload_in_mb hook"
+            ),
+        )
+
+    def decompressed_too_large(self, what: str) -> DecompressedTooLarge:
+        """The error for a body that would decompress past the bound: ``what`` it would become, then the bound."""
+        return DecompressedTooLarge(
+            f"{what}; at most {self.max_decompressed_bytes} bytes are allowed: {self.decompressed_bound}"
+        )
+
+
+class DecompressedTooLarge(PayloadTooLarge, DecodeError):
+    """413: a compressed body that would decompress past :attr:`Limits.max_decompressed_bytes` (refused before it
+    is inflated); also a :class:`DecodeError`, so a ``ValueError``."""
 
 
 class Codec:

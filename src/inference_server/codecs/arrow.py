@@ -198,13 +198,14 @@ class ArrowCodec(Codec):
             except struct.error as exc:
                 raise DecodeError(f"invalid {self.media_type} body: its metadata is malformed ({exc})") from None
             if declared > limits.max_decompressed_bytes:
-                raise DecodeError(
-                    f"the {self.media_type} body's batches would hold {declared} bytes decompressed; at most "
-                    f"{limits.max_decompressed_bytes} are allowed"
+                raise limits.decompressed_too_large(
+                    f"the {self.media_type} body's batches would hold {declared} bytes decompressed"
                 )
             table = reader.read_all()
             table.validate(full=True)  # offsets and lengths inside the body: never read out of bounds later
             return table
+        except DecodeError:
+            raise
         except (pa.ArrowException, ValueError, OSError) as exc:
             raise DecodeError(f"invalid {self.media_type} body: {exc}") from None
 

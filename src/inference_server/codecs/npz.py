@@ -150,9 +150,7 @@ def decode_npz(data: Buffer, limits: Limits) -> dict[str, np.ndarray[Any, Any]]:
             raise DecodeError(f"npz members {name!r} and {other!r} overlap in the body; each must have its own bytes")
     inflated = sum(member.size for member in members if member.method != _STORED)
     if inflated > limits.max_decompressed_bytes:
-        raise DecodeError(
-            f"npz members would inflate to {inflated} bytes; at most {limits.max_decompressed_bytes} are allowed"
-        )
+        raise limits.decompressed_too_large(f"npz members would inflate to {inflated} bytes")
     arrays: dict[str, np.ndarray[Any, Any]] = {}
     for member in members:
         key = member.name.removesuffix(".npy")
