@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import pkgutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +17,8 @@ OURS = "inference_server"
 SERVERS = ("gunicorn", "granian")
 WSGI = f"{OURS}.wsgi"
 PROTOCOLS = (f"{WSGI}.sagemaker", f"{WSGI}.runtime", f"{WSGI}.prometheus", f"{WSGI}.models")
+#: Batch Transform's engines: each runs the job's files its own way, with what lies below them.
+ENGINES = tuple(f"{OURS}.transform.{engine}" for engine in ("local", "dask", "ray"))
 #: Module prefix -> modules (and their submodules) that no module under the prefix may load.
 FORBIDDEN: dict[str, tuple[str, ...]] = {
     f"{OURS}.codecs": (
@@ -46,6 +50,8 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     **{protocol: (f"{WSGI}._app", *(other for other in PROTOCOLS if other != protocol)) for protocol in PROTOCOLS},
     f"{WSGI}._invoke": (f"{WSGI}._app", *PROTOCOLS),
     f"{OURS}.transform": (WSGI, f"{OURS}.server", f"{OURS}.cli", *SERVERS),
+    # what every engine runs a file with lies below the engines and below the planning of tasks they share
+    f"{OURS}.transform.job": (*ENGINES, f"{OURS}.transform.tasks"),
     f"{OURS}.testing": (f"{OURS}.server", f"{OURS}.cli", *SERVERS),
     f"{OURS}.server": (f"{OURS}.cli",),
     # the frameworks a container's defaults use are imported when a model needs them, never with our modules
@@ -54,8 +60,15 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     f"{OURS}.cli": ("prometheus_client", "opentelemetry"),
     f"{OURS}.wsgi._app": ("prometheus_client", "opentelemetry"),
     f"{OURS}.metrics": ("prometheus_client",),
-    # a worker's models know nothing of HTTP
-    f"{OURS}._multimodel": (WSGI, f"{OURS}.server", f"{OURS}.cli", *SERVERS),
+    # the batcher is handed its recorder: it counts groups without importing what records them
+    f"{OURS}.batching": (f"{OURS}.metrics", f"{OURS}._tracing"),
+    # a worker's models know nothing of HTTP, nor of the hooks' pipeline (the app hands one over)
+    f"{OURS}._multimodel": (WSGI, f"{OURS}.server", f"{OURS}.cli", f"{OURS}._pipeline", *SERVERS),
+}
+#: Module -> modules it never imports, not even inside a function (where ``sys.modules`` cannot see it).
+NEVER: dict[str, tuple[str, ...]] = {
+    f"{OURS}.transform.job": (*ENGINES, f"{OURS}.transform.tasks"),
+    f"{OURS}.transform.tasks": ENGINES,
 }
 #: The chosen backend alone is imported: importing one never loads the other, and the package loads neither.
 EXACT: dict[str, tuple[str, ...]] = {
@@ -73,6 +86,7 @@ LEAVES = (
     f"{OURS}._logging",
     f"{OURS}._tracing",
     f"{OURS}._registry",
+    f"{OURS}._version",
 )
 
 MODULES = sorted([OURS] + [info.name for info in pkgutil.walk_packages(inference_server.__path__, f"{OURS}.")])
@@ -102,17 +116,66 @@ def test_module_loads_nothing_it_must_not(module: str) -> None:
 
 
 def test_the_rules_name_real_modules() -> None:
-    """Every forbidden name of ours is a module that exists (or a room to come), so no rule is mistyped."""
-    rooms_to_come = {f"{OURS}.transform"}
+    """Every module of ours a rule names (forbidden, never imported, a leaf) exists, so no rule is mistyped."""
     named = {name for names in FORBIDDEN.values() for name in names if name.startswith(OURS)} | set(FORBIDDEN)
-    assert named - rooms_to_come <= set(MODULES)
+    named |= {name for names in NEVER.values() for name in names} | set(NEVER) | set(LEAVES)
+    assert named <= set(MODULES)
+
+
+def _source(module: str) -> ast.Module:
+    path = Path(inference_server.__file__).parent.joinpath(*module.split(".")[1:])
+    path = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+    return ast.parse(path.read_text(), str(path))
+
+
+def _imported_anywhere(module: str) -> set[str]:
+    """The modules ``module``'s source imports anywhere (inside functions too), each with its parent packages."""
+    names: set[str] = set()
+    for node in ast.walk(_source(module)):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module is not None:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return names
+
+
+@pytest.mark.parametrize("module", sorted(NEVER))
+def test_module_never_imports_what_lies_above_it_even_inside_a_function(module: str) -> None:
+    """transform.tasks (the engines' shared planning) never imports an engine, and transform.job (what every engine
+    runs a file with) neither an engine nor the planning: a function-level import would hide a cycle."""
+    assert not [name for name in _imported_anywhere(module) if _within(name, NEVER[module])]
+
+
+def test_the_package_loads_only_its_settings_and_version() -> None:
+    """``import inference_server`` loads, of ours, only the package, its settings (BatchStrategy, with the errors
+    they raise) and its version: the other public names (create_app, warmup, plugin_hook, MIMEAccept) stay lazy."""
+    ours = {name for name in _loaded(OURS) if _within(name, (OURS,))}
+    assert ours == {OURS, f"{OURS}._settings", f"{OURS}.errors", f"{OURS}._version"}
+
+
+def test_no_module_takes_the_version_from_the_package() -> None:
+    """Modules that name the version (the CLI, v2's server metadata, the tracer's scope) read it from the leaf
+    ``_version``, never from the package's face, whose lazy names lead back up to the app."""
+    takers = []
+    for module in MODULES:
+        if module == OURS:
+            continue
+        for node in ast.walk(_source(module)):
+            from_root = isinstance(node, ast.ImportFrom) and node.module == OURS
+            if from_root and any(alias.name == "__version__" for alias in node.names):
+                takers.append(module)
+            if isinstance(node, ast.Attribute) and node.attr == "__version__" and ast.unparse(node.value) == OURS:
+                takers.append(module)
+    assert takers == []
 
 
 def test_client_loads_fewer_of_our_modules_than_it_did() -> None:
-    """``import inference_server.client`` loads only the client, the codecs, errors and settings (16, was 21)."""
+    """``import inference_server.client`` loads only the client, the codecs, errors, settings and the version."""
     ours = sorted(name for name in _loaded(f"{OURS}.client") if name.startswith(OURS))
     assert [name for name in ours if not _within(name, (f"{OURS}.client", f"{OURS}.codecs"))] == [
         OURS,
         f"{OURS}._settings",
+        f"{OURS}._version",
         f"{OURS}.errors",
     ]

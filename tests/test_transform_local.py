@@ -19,7 +19,7 @@ import pytest
 
 from inference_server._settings import BatchStrategy
 from inference_server.transform import Predictor, TransformOptions, records, storage
-from inference_server.transform.local import Job as LocalJob
+from inference_server.transform.job import Job as LocalJob
 
 COUNTING = """
     import os

@@ -7,7 +7,8 @@ from pathlib import Path
 
 from inference_server._settings import BatchStrategy
 from inference_server.transform import TransformOptions, TransformSummary, storage
-from inference_server.transform.tasks import STOPPED, Task, finish, plan, prepare
+from inference_server.transform.job import Task
+from inference_server.transform.tasks import STOPPED, finish, plan, prepare
 
 
 def test_plan_cuts_large_files_into_parts_and_resume_skips_finished_ones(tmp_path: Path) -> None:

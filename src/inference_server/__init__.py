@@ -6,10 +6,10 @@ app nor pluggy nor the server.
 """
 
 import importlib
-import importlib.metadata
 import typing
 
 from inference_server._settings import BatchStrategy
+from inference_server._version import __version__
 
 if typing.TYPE_CHECKING:
     from werkzeug.datastructures import MIMEAccept
@@ -18,8 +18,6 @@ if typing.TYPE_CHECKING:
     from inference_server.wsgi._app import create_app, warmup
 
 __all__ = ["BatchStrategy", "MIMEAccept", "__version__", "create_app", "plugin_hook", "warmup"]
-
-__version__ = importlib.metadata.version("inference-server")
 
 #: Public names defined elsewhere: name -> the module that defines it, imported on first use.
 _LAZY = {

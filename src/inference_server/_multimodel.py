@@ -37,13 +37,15 @@ import threading
 import time
 import weakref
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from inference_server import _archive, _models
-from inference_server._pipeline import Pipeline
 from inference_server._registry import WATCH_INTERVAL, Busy, Registry
 from inference_server._settings import Settings
 from inference_server.errors import BadRequest, Conflict, InsufficientStorage, ModelLoadError, NotFound
+
+if TYPE_CHECKING:
+    from inference_server._pipeline import Pipeline
 
 logger = logging.getLogger("inference_server")
 

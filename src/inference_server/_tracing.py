@@ -34,6 +34,7 @@ import threading
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Protocol
 
+from inference_server._version import __version__
 from inference_server.errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -222,8 +223,6 @@ class OpenTelemetry:
     def __init__(self, provider: TracerProvider) -> None:
         from opentelemetry import context, propagate, trace
         from opentelemetry.trace import SpanKind, Status, StatusCode
-
-        from inference_server import __version__
 
         self.tracer = provider.get_tracer(SCOPE, __version__)
         self._excluded = _excluded()

@@ -60,14 +60,16 @@ import statistics
 import threading
 import time
 from collections.abc import Callable, Collection, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pluggy
 
-from inference_server import metrics
 from inference_server._deadlines import RUNNING, WAITING, Call, Cancelled
 from inference_server.errors import ConfigurationError, HookError, ServiceUnavailable
+
+if TYPE_CHECKING:
+    from inference_server import metrics
 
 logger = logging.getLogger("inference_server")
 

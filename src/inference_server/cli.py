@@ -14,11 +14,11 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-import inference_server
 from inference_server import _models, _plugins, _script, server
 from inference_server._hookspecs import ENTRY_POINT_GROUP
 from inference_server._plugins import PLUGINS_ENV
 from inference_server._settings import DEFAULTS, VARIABLES, Settings, Variable
+from inference_server._version import __version__
 from inference_server.errors import ConfigurationError, ModelLoadError, PluginError, TransformError
 from inference_server.transform.records import ASSEMBLE_WITH, SPLIT_TYPES
 
@@ -39,7 +39,7 @@ def _versions() -> str:
         f"{entry_point.name} {entry_point.dist.version if entry_point.dist else '?'}"
         for entry_point in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
     ]
-    return f"inference-server {inference_server.__version__} (plugins: {', '.join(plugins) or 'none installed'})"
+    return f"inference-server {__version__} (plugins: {', '.join(plugins) or 'none installed'})"
 
 
 def _parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:

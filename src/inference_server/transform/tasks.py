@@ -7,33 +7,29 @@ from __future__ import annotations
 import dataclasses
 import shutil
 import threading
-from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from inference_server.errors import TransformError
-from inference_server.transform import BatchPredictor, Predictor, TransformOptions, TransformSummary, storage
-from inference_server.transform.storage import Store
+from inference_server.transform import BatchPredictor, TransformSummary, storage
+from inference_server.transform.job import Job, Task, done
 
+if TYPE_CHECKING:
+    from inference_server.transform import Predictor, TransformOptions
+    from inference_server.transform.storage import Store
 
-@dataclass(frozen=True)
-class Task:
-    """A unit of a job that another engine runs: a whole input file, or part ``part`` of ``parts`` of it."""
-
-    path: str
-    name: str
-    part: int = 0
-    parts: int = 1
-
-    def target(self, output: Store) -> str:
-        """Where this task writes: the file's ``.out``, or for a part, a part file that :func:`finish` joins."""
-        target = output.target(self.name)
-        return target if self.parts == 1 else f"{target}.part-{self.part:05d}"
-
-
-def done(source: Store, output: Store, path: str, name: str) -> bool:
-    """Whether the input's ``.out`` exists and is at least as new as the input (``resume`` skips it)."""
-    finished, started = output.modified(output.target(name)), source.modified(path)
-    return finished is not None and started is not None and finished >= started
+__all__ = [
+    "STOPPED",
+    "Planned",
+    "Task",
+    "done",
+    "finish",
+    "kept_predictor",
+    "plan",
+    "predictor_for",
+    "prepare",
+    "resolved_elsewhere",
+    "run_task",
+]
 
 
 def plan(source: Store, output: Store, files: list[tuple[str, str]], options: TransformOptions) -> list[Task]:
@@ -151,8 +147,6 @@ def resolved_elsewhere(options: TransformOptions) -> TransformOptions:
 
 def run_task(root: str, output: str, task: Task, options: TransformOptions) -> TransformSummary:
     """One task, in a worker process: its counts, and in ``failed`` its failure if it failed."""
-    from inference_server.transform.local import Job  # the local engine runs a task as it runs a file; it imports us
-
     job = Job(options, kept_predictor(options), storage.store(root), storage.store(output))
     with job.requests:
         try:

@@ -30,9 +30,9 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-import inference_server
 from inference_server import _plugins
 from inference_server._pipeline import Output
+from inference_server._version import __version__
 from inference_server.codecs import v2
 from inference_server.errors import BadRequest, HookError, NotFound, ServiceUnavailable
 from inference_server.wsgi._body import read_json_object
@@ -119,9 +119,7 @@ class _Handlers:
     # -- health and metadata -------------------------------------------------------------------------------------
     def server_metadata(self, request: Request) -> Reply:
         extensions = [*EXTENSIONS, *([REPOSITORY] if self.models is not None else [])]
-        return json_reply(
-            200, {"name": "inference-server", "version": inference_server.__version__, "extensions": extensions}
-        )
+        return json_reply(200, {"name": "inference-server", "version": __version__, "extensions": extensions})
 
     def live(self, request: Request) -> Reply:
         return json_reply(200, {"live": True})
