@@ -22,7 +22,7 @@ from inference_server._pipeline import Pipeline
 from inference_server._settings import Settings
 from inference_server.errors import BadRequest, URITooLong
 from inference_server.wsgi import models, prometheus, runtime, sagemaker, v2
-from inference_server.wsgi._body import BODY_BYTES
+from inference_server.wsgi._body import BODY_BYTES, unsupported_coding
 from inference_server.wsgi._invoke import MODEL, Backend, Lifecycle, Target, WorkerState, target_model
 from inference_server.wsgi._replies import STATUS_LINES, Body, Handler, Reply, Request, close, error_for
 
@@ -297,15 +297,32 @@ class App:
             raise BadRequest("an HTTP/1.1 request must have a Host header (RFC 9112, section 3.2)")
         if host is not None and "," in host:  # granian joins repeated headers with commas
             raise BadRequest("a request must have one Host header, not several (RFC 9112, section 3.2)")
-        size = 0  # ~ the header section
+        codings = environ.get("HTTP_TRANSFER_ENCODING")
+        if codings is not None and codings.strip().lower() != "chunked":  # (granian reads "gzip, chunked" as chunked)
+            raise BadRequest(unsupported_coding(codings))
+        # The head as a client writes it: "METHOD target VERSION", "Name: value" lines, each with its CRLF, and the
+        # empty line: exact for such a head (the server bounds what the environ cannot tell: spaces around values,
+        # escapes). granian's environ ends with the headers; a server whose environ does not (gunicorn) measures the
+        # head itself, exactly.
+        size = len(environ.get("REQUEST_METHOD", "")) + len(environ.get("SERVER_PROTOCOL", "")) + 6
+        if "RAW_URI" in environ:
+            size += len(environ["RAW_URI"])
+        else:
+            query = environ.get("QUERY_STRING", "")
+            size += len(environ.get("PATH_INFO", "")) + (len(query) + 1 if query else 0)
+        headers = 0
         for key in reversed(environ):  # granian adds the headers last, after a copy of os.environ and the CGI keys
             if key[:5] == "HTTP_":
-                size += len(key) + len(environ[key])
-            elif key not in _BODY_HEADERS:
+                size += len(key) - 1 + len(environ[key])  # (the name is 5 shorter than the key, ": " and CRLF)
+                headers += 1
+            elif key in _BODY_HEADERS:
+                size += len(key) + 4 + len(environ[key])
+            else:
                 break
-        if size > self.settings.max_header_bytes:
+        if headers and size > self.settings.max_header_bytes:
             raise werkzeug.exceptions.RequestHeaderFieldsTooLarge(
-                f"the headers are larger than {self.settings.max_header_bytes} bytes (--max-header-bytes)"
+                f"the request line and headers are larger than {self.settings.max_header_bytes} bytes "
+                "(--max-header-bytes)"
             )
 
 

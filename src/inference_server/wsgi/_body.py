@@ -54,6 +54,14 @@ _USE_CONTENT_LENGTH = (
 )
 
 
+def unsupported_coding(codings: str) -> str:
+    """What a request whose ``Transfer-Encoding`` is not ``chunked`` alone is told (both backends say it)."""
+    return (
+        f"Transfer-Encoding {codings!r} is not supported: a request body is sent with a Content-Length, or with "
+        "Transfer-Encoding: chunked alone"
+    )
+
+
 def read_body(environ: WSGIEnvironment, limit: int | None, reading: Reading = PEP_3333) -> bytearray | bytes:
     """Read the request body into one buffer, refusing bodies over ``limit`` bytes with 413.
 
@@ -136,7 +144,8 @@ def _read_whole(environ: WSGIEnvironment, stream: Any) -> bytes:
 
 def _read(stream: Any, size: int, client_errors: tuple[type[BaseException], ...]) -> bytes:
     """``stream.read(size)``, where the server's own parse errors (a malformed chunk: its size, extension,
-    terminator or trailer) and ``client_errors`` are the client's fault, a 400, not a 500."""
+    terminator or trailer) and ``client_errors`` are the client's fault, a 400, not a 500; a parse error with a
+    ``status`` attribute says its own message (413: a chunk larger than the body limit)."""
     try:
         return stream.read(size)  # type: ignore[no-any-return]
     except client_errors:
@@ -144,7 +153,10 @@ def _read(stream: Any, size: int, client_errors: tuple[type[BaseException], ...]
     except OSError:
         raise
     except Exception as exc:
-        raise BadRequest(f"the chunked body is malformed: {type(exc).__name__}: {exc}"[:300]) from None
+        if getattr(exc, "status", None) == PayloadTooLarge.code:  # (a server's: a chunk larger than the limit)
+            raise PayloadTooLarge(f"{exc}{_RAISE}") from None
+        detail = str(exc) if hasattr(exc, "status") else f"{type(exc).__name__}: {exc}"
+        raise BadRequest(f"the chunked body is malformed: {detail}"[:300]) from None
 
 
 def read_json_object(
