@@ -3,6 +3,7 @@ bounded labels, a scrape while the model is busy, a plugin's own metrics, and no
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import random
@@ -11,9 +12,11 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+import orjson
 import pytest
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
@@ -46,6 +49,26 @@ OWN_METRICS = """
     def predict_fn(data, model):
         PREDICTIONS.inc()
         return data
+"""
+
+MULTI_MODEL = """
+    import os
+    import time
+
+    import numpy as np
+
+    import inference_server
+
+    @inference_server.plugin_hook
+    def model_fn(model_dir):
+        if os.path.exists(os.path.join(model_dir, "sleep")):
+            time.sleep(float(open(os.path.join(model_dir, "sleep")).read()))
+        size = int(open(os.path.join(model_dir, "size_mb")).read())  # a directory without it fails to load
+        return {"name": os.path.basename(model_dir.rstrip("/")), "weights": np.ones(size << 17)}
+
+    @inference_server.plugin_hook
+    def predict_fn(data, model):
+        return {"model": model["name"], "pid": os.getpid()}
 """
 
 JSON = {"Content-Type": "application/json"}
@@ -289,10 +312,10 @@ def test_a_scrape_of_a_real_server_covers_every_worker_and_keeps_a_replaced_work
     assert invocations(scraped) == 40  # (a scrape is not an invocation)
 
     def live_gauges_are_the_live_workers() -> bool:  # (each scrape is a request too: workers go on being replaced)
+        live = len(server.workers())
         scraped = samples(server.request("GET", "/metrics").body.decode())
-        pids = {dict(labels)["pid"] for name, labels in scraped if name == "inference_server_model_load_seconds"}
-        live = {str(pid) for pid in server.workers()}
-        return pids <= live and total(scraped, "inference_server_model_loaded") == len(pids) >= 1
+        loads = total(scraped, "inference_server_model_load_seconds_count")
+        return total(scraped, "inference_server_model_loaded") == live == len(server.workers()) and loads > live
 
     deadline = time.monotonic() + 30
     while not live_gauges_are_the_live_workers():
@@ -411,3 +434,142 @@ def test_the_label_sets_remembered_stay_bounded_under_endless_model_names() -> N
     recorder.flush()
     scraped = samples(generate_latest(recorder.families().registry).decode())
     assert total(scraped, "inference_server_model_requests_total", model="other") == metrics.MAX_KINDS + 499
+
+
+def _model_dirs(root: Path, sizes: dict[str, int]) -> None:
+    """A model directory under ``root`` for each name, whose model_fn allocates its size in MB."""
+    for name, size in sizes.items():
+        (root / name).mkdir(parents=True)
+        (root / name / "size_mb").write_text(str(size))
+
+
+def _load(server: Any, name: str, url: Path) -> int:
+    return server.request("POST", "/models", orjson.dumps({"model_name": name, "url": str(url)}), JSON).status
+
+
+def _target(server: Any, target: str) -> int:
+    headers = {**JSON, "X-Amzn-SageMaker-Target-Model": target}
+    return server.request("POST", "/endpoints/mme/invocations", b"[1]", headers).status
+
+
+@pytest.mark.parametrize("backend", ["granian", "gunicorn"])
+def test_a_multi_model_endpoint_counts_its_loads_unloads_waits_cache_hits_and_memory(
+    backend: str, servers: Any, plugin_site: Any, tmp_path: Path
+) -> None:
+    """One worker: two loads, hits, an unload by request, two TargetModel misses (one waiting for a 0.3 s load), an
+    eviction past --max-models, a load whose model_fn raises and one past --max-model-memory (507): each counted
+    once under its name and reason; models_loaded and model_memory_bytes fall as the models go."""
+    plugin_site.add("mm_metrics", MULTI_MODEL)
+    root = tmp_path / "root"
+    _model_dirs(root, {"a": 1, "b": 1, "t1": 1, "t2": 1, "big": 80})
+    (root / "t1" / "sleep").write_text("0.3")
+    (root / "broken").mkdir()
+    server = servers.start(
+        *("--server", backend, "--multi-model", "--model-root", str(root)),
+        *("--max-models", "2", "--max-model-memory", "50"),
+        plugins=["mm_metrics"],
+    )
+
+    def scrape() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        return samples(server.request("GET", "/metrics").body.decode())
+
+    empty = scrape()
+    for name in ("inference_server_models_loaded", "inference_server_model_memory_bytes"):
+        assert empty.get((name, ())) == 0, name
+    for reason in ("request", "evicted", "failed"):
+        assert empty.get(("inference_server_model_unloads_total", (("reason", reason),))) == 0, reason
+    assert [_load(server, name, root / name) for name in ("a", "b")] == [200, 200]
+    for name in ("a", "b", "a"):
+        assert server.request("POST", f"/models/{name}/invoke", b"[1]", JSON).status == 200  # hits
+    assert server.request("DELETE", "/models/b").status == 200
+    assert [_target(server, target) for target in ("t1", "t1", "t2")] == [200, 200, 200]  # miss, hit, miss
+    # t2 made room: --max-models 2 held a and t1, and t1 was the least recently used TargetModel
+    assert _load(server, "broken", root / "broken") == 503  # its model_fn raised
+    assert _load(server, "big", root / "big") == 507  # 80 MB, past --max-model-memory 50
+    scraped = scrape()
+
+    def value(name: str, **labels: str) -> float:
+        return total(scraped, f"inference_server_{name}", **labels)
+
+    assert value("model_loads_total") == 6  # a, b, t1, t2, broken, big
+    assert value("model_load_seconds_count") == 6
+    assert value("model_load_seconds_sum") >= 0.3
+    assert [value("model_unloads_total", reason=reason) for reason in ("request", "evicted", "failed")] == [1, 1, 2]
+    assert (value("model_cache_hits_total"), value("model_cache_misses_total")) == (4, 2)
+    assert value("model_wait_seconds_count") == 2
+    assert value("model_wait_seconds_sum") >= 0.3
+    assert value("models_loaded") == 2  # a and t2
+    assert value("requests_total", route="/models", status="507") == 1
+    cost_a = sum(server.request("GET", "/models/a").json()["rssBytesByWorker"].values())
+    memory = value("model_memory_bytes")
+    assert memory > cost_a > 0
+    assert server.request("DELETE", "/models/a").status == 200
+    scraped = scrape()
+    assert value("models_loaded") == 1  # t2
+    assert value("model_memory_bytes") == memory - cost_a
+    assert value("model_unloads_total", reason="request") == 2
+    assert value("model_loads_total") == 6
+
+
+def _costs(server: Any, names: list[str]) -> dict[str, dict[str, int]]:
+    """Each model's rssBytesByWorker (pid -> bytes) as GET /models lists it."""
+    listing = server.request("GET", "/models").json()["models"]
+    return {model["modelName"]: model["rssBytesByWorker"] for model in listing if model["modelName"] in names}
+
+
+@pytest.mark.parametrize("backend", ["granian", "gunicorn"])
+def test_models_loaded_counts_each_model_once_per_machine_and_a_killed_worker_leaves_every_listing(
+    backend: str, servers: Any, plugin_site: Any, tmp_path: Path
+) -> None:
+    """Two workers holding a and b, one of them c: models_loaded is 3 (not 5), model_memory_bytes the sum of every
+    cost GET /models lists; the holder of c killed with SIGKILL, within a second c and its costs leave both the
+    scrape and rssBytesByWorker, while the counters stay; its replacement serves."""
+    plugin_site.add("mm_metrics", MULTI_MODEL)
+    root = tmp_path / "root"
+    _model_dirs(root, {"a": 1, "b": 1, "c": 1})
+    server = servers.start(
+        "--server", backend, "--multi-model", "--model-root", str(root), "--workers", "2", plugins=["mm_metrics"]
+    )
+    deadline = time.monotonic() + 30
+    while len(server.workers()) < 2:  # (gunicorn starts its second worker after the first answers)
+        assert time.monotonic() < deadline, server.output()
+        time.sleep(0.05)
+    assert [_load(server, name, root / name) for name in ("a", "b", "c")] == [200, 200, 200]
+    while any(len(_costs(server, ["a", "b"]).get(name, {})) < 2 for name in ("a", "b")):  # both workers hold a, b
+        assert time.monotonic() < deadline, _costs(server, ["a", "b"])
+        with ThreadPoolExecutor(4) as pool:  # new connections, spread over the workers
+            paths = [f"/models/{name}/invoke" for name in "abababab"]
+            replies = pool.map(lambda path: server.request("POST", path, b"[1]", JSON), paths)
+            assert {reply.status for reply in replies} == {200}
+
+    def scraped_and_listed() -> tuple[dict[Any, float], dict[str, dict[str, int]]]:
+        return samples(server.request("GET", "/metrics").body.decode()), _costs(server, ["a", "b", "c"])
+
+    scraped, costs = scraped_and_listed()
+    assert total(scraped, "inference_server_models_loaded") == 3, costs
+    assert total(scraped, "inference_server_model_loads_total") == 5
+    assert total(scraped, "inference_server_model_memory_bytes") == sum(
+        cost for by_worker in costs.values() for cost in by_worker.values()
+    )
+    (holder,) = costs["c"]
+    victim = int(holder)
+    os.kill(victim, signal.SIGKILL)
+    killed = time.monotonic()
+    while True:  # within a second, the scrape and the listing both forget the worker
+        with contextlib.suppress(ConnectionError):  # (granian: a connection the dead worker had queued is reset)
+            scraped, costs = scraped_and_listed()
+            listed = {pid for by_worker in costs.values() for pid in by_worker}
+            if holder not in listed and total(scraped, "inference_server_models_loaded") == 2:
+                break
+        assert time.monotonic() - killed < 1.0, (costs, total(scraped, "inference_server_models_loaded"))
+        time.sleep(0.02)
+    assert costs["c"] == {}
+    assert total(scraped, "inference_server_model_memory_bytes") == sum(costs["a"].values()) + sum(costs["b"].values())
+    assert total(scraped, "inference_server_model_loads_total") == 5  # counters stay
+    deadline = time.monotonic() + 30
+    while victim in server.workers() or len(server.workers()) < 2:  # its replacement starts
+        assert time.monotonic() < deadline, server.output()
+        time.sleep(0.05)
+    server.wait_ready()
+    for _ in range(10):  # whichever worker answers, c is served (loaded again where needed)
+        assert server.request("POST", "/models/c/invoke", b"[1]", JSON).status == 200

@@ -39,7 +39,7 @@ import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from inference_server import _archive, _models
+from inference_server import _archive, _models, metrics
 from inference_server._registry import WATCH_INTERVAL, Busy, Registry
 from inference_server._settings import Settings
 from inference_server.errors import BadRequest, Conflict, InsufficientStorage, ModelLoadError, NotFound
@@ -108,6 +108,10 @@ class MultiModel:
         self._used: dict[tuple[str, str], float] = {}
         self._version = registry.version()
         self._watcher: threading.Thread | None = None
+        #: Where this worker's loads, unloads and cache hits are counted (``--metrics``), else None.
+        self._recorder = metrics.recorder if settings.metrics else None
+        if self._recorder is not None:
+            self._recorder.serves_models()
         _keep_large_blocks_apart()
 
     # -- the model management API --------------------------------------------------------------------------------
@@ -180,12 +184,18 @@ class MultiModel:
         if entry is not None and entry.loaded:
             self._used[key] = time.monotonic()
             if self.registry.version() == self._version or self.registry.get(name) is not None:
+                if self._recorder is not None:
+                    self._recorder.model_hit(None)
                 return entry.model
+        started = time.perf_counter()
         found = self.registry.get(name)
         if found is None:
             self._drop(key)
             raise NotFound(f"no model named {name!r} is loaded (load it with POST /models)")
-        return self._load(key, found.url)
+        try:
+            return self._load(key, found.url)
+        finally:
+            self._missed(started)
 
     def target_model(self, target: str) -> Any:
         """The model of SageMaker Runtime's ``TargetModel`` under ``--model-root``, loaded on first use, making room
@@ -194,9 +204,20 @@ class MultiModel:
         entry = self._store.entry(key)
         if entry is not None and entry.loaded:
             self._used[key] = time.monotonic()
+            if self._recorder is not None:
+                self._recorder.model_hit(None)
             return entry.model
+        started = time.perf_counter()  # (a tarball's unpacking is part of the wait)
         directory = self.root_directory(target, "a TargetModel")
-        return self._load(key, directory, make_room=True)
+        try:
+            return self._load(key, directory, make_room=True)
+        finally:
+            self._missed(started)
+
+    def _missed(self, started: float) -> None:
+        """An invocation did not find its model loaded here: count it, and its wait since ``started``."""
+        if self._recorder is not None:
+            self._recorder.missed(time.perf_counter() - started)
 
     def root_directory(self, name: str, what: str) -> str:
         """The directory of the model ``name`` under ``--model-root`` (a tarball unpacked first): :class:`NotFound`
@@ -228,10 +249,12 @@ class MultiModel:
                 return entry.model
             if make_room:
                 self._make_room(key)
-            before = resident_bytes()
+            before, started = resident_bytes(), time.perf_counter()
             try:
                 model = self._store.load(key, self.pipeline, model_dir)
             except ModelLoadError:
+                if self._recorder is not None:
+                    self._recorder.load_failed(time.perf_counter() - started)
                 entry = self._store.entry(key)
                 error = entry.error if entry is not None else None
                 self._store.unload(key)
@@ -239,12 +262,14 @@ class MultiModel:
                     raise InsufficientStorage(f"the model {key[1]!r} did not fit in memory (MemoryError)") from None
                 raise
             cost = max(resident_bytes() - before, 0)
+            if self._recorder is not None:
+                self._recorder.loaded(key, time.perf_counter() - started, cost)
             with self._lock:
                 self._costs[key] = cost
                 self._used[key] = time.monotonic()
                 used = sum(self._costs.values())
             if self.budget and used > self.budget:
-                self._drop(key)
+                self._drop(key, "failed")
                 raise InsufficientStorage(
                     f"the model {key[1]!r} takes {cost / _MB:.1f} MB, more than the {self.budget / _MB:.0f} MB this "
                     f"worker has left for models (--max-model-memory); unload one to load it"
@@ -264,10 +289,11 @@ class MultiModel:
                     return
                 oldest = min(held, key=lambda other: self._used.get(other, 0.0))
             logger.info("Multi-model: unloading %r, the least recently used, to make room for %r", oldest[1], key[1])
-            self._drop(oldest)
+            self._drop(oldest, "evicted")
 
-    def _drop(self, key: tuple[str, str]) -> None:
-        """Unload ``key`` here: the ``model_unload_fn`` hook, then the memory back to the system."""
+    def _drop(self, key: tuple[str, str], reason: str = "request") -> None:
+        """Unload ``key`` here: the ``model_unload_fn`` hook, then the memory back to the system; ``reason`` is the
+        metrics' (``request``, ``evicted``, ``failed``)."""
         entry = self._store.entry(key)
         if not self._store.unload(key):
             return
@@ -277,6 +303,8 @@ class MultiModel:
         if key[0] == "api":
             self.registry.drop_cost(key[1])
         if entry is not None and entry.loaded:
+            if self._recorder is not None:
+                self._recorder.unloaded(key, reason)
             try:
                 self.pipeline.pm.hook.model_unload_fn(model=entry.model)
             except Exception:

@@ -2,8 +2,8 @@
 
 What is measured, and where: the WSGI app records each request once its answer is handed to the server (route,
 method, status, duration, body sizes, requests in flight); the pipeline times its three hooks; the micro-batcher
-reports its groups and queue; the workers their model loads; the serving process its workers' restarts. Nothing is
-counted inside a protocol's handlers.
+reports its groups and queue; the workers their model loads, and on a multi-model endpoint its models' unloads, cache
+hits and what they hold; the serving process its workers' restarts. Nothing is counted inside a protocol's handlers.
 
 **Cheap on the request path.** The Prometheus client's own ``inc()`` and ``observe()`` take about 3 us each in its
 multiprocess mode (a lock and a write to a memory-mapped file); a request updates about ten values. So a request
@@ -20,6 +20,13 @@ model loaded) are removed by the serving process (:func:`process_dead`). Outside
 server) a process scrapes its own metrics and the default registry's, or every process's if the
 ``PROMETHEUS_MULTIPROC_DIR`` of the Prometheus client's multiprocess mode is set.
 
+**The models of a multi-model endpoint, once per machine.** A model held by two workers is one loaded model, so
+``models_loaded`` cannot be a sum of per-worker gauges. Each worker writes the models it holds, with what each cost
+it, to ``models-PID.json`` beside the Prometheus client's files whenever that changes (a load or an unload, never on
+the request path); a scrape reads those of the live workers and counts the union (``models_loaded``) and the sum of
+the costs (``model_memory_bytes``). A worker that died leaves the scrape at once: its file is skipped as soon as its
+process is gone (or a zombie), and the serving process removes it (:func:`process_dead`).
+
 The ``prometheus_client`` module is imported on first use, never at import of this module.
 """
 
@@ -30,6 +37,7 @@ import bisect
 import collections
 import functools
 import itertools
+import json
 import logging
 import multiprocessing.util
 import os
@@ -38,7 +46,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -79,6 +87,15 @@ STAGES = ("input", "predict", "output")
 MAX_KINDS = 10_000
 #: Why a worker was replaced (``worker_restarts_total``).
 RESTART_REASONS = ("crash", "max-requests", "stuck")
+#: Why a worker of a multi-model endpoint unloaded a model (``model_unloads_total``): an unload asked for (``DELETE
+#: /models/{name}``, through any worker), made room for another (least recently used), or a load that failed.
+UNLOAD_REASONS = ("request", "evicted", "failed")
+#: Seconds of a model load, or of an invocation's wait for one: from 1 ms to 10 min.
+LOAD_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+#: The file in which worker PID says which models it holds (multi-model endpoints).
+HELD_FILE = "models-{pid}.json"
+#: Whether this system describes its processes in /proc (Linux).
+_PROC = os.path.isdir("/proc/self")
 
 
 class _Histogram:
@@ -166,17 +183,84 @@ class Recorder:
         self._pid = os.getpid()
         #: The batchers of this process, whose queues ``queue_depth`` sums.
         self.batchers: weakref.WeakSet[Any] = weakref.WeakSet()
+        hits: collections.deque[None] = collections.deque()
+        self._hits = hits
+        #: An invocation of a multi-model endpoint found its model loaded in this worker: ``model_hit(None)``.
+        self.model_hit = hits.append
+        #: What each model this worker holds cost it (bytes of RSS), by key, on a multi-model endpoint (else None).
+        self._held: dict[tuple[str, str], int] | None = None
+        self._held_lock = threading.Lock()
+        self._model_families: _ModelFamilies | None = None
 
     # -- rare events: straight into the Prometheus client -----------------------------------------------------
     def model_loaded(self, seconds: float) -> None:
-        """This worker loaded its model in ``seconds``."""
+        """This worker loaded its model in ``seconds`` (serving one model)."""
         families = self.families()
-        families.model_load_seconds.set(seconds)
+        families.model_loads.inc()
+        families.model_load_seconds.observe(seconds)
         families.model_loaded.set(1)
 
-    def model_unloaded(self) -> None:
-        """This worker's model was unloaded."""
-        self.families().model_loaded.set(0)
+    # -- a multi-model endpoint's models (hits are counted by the flush; the rest straight in) -------------------
+    def serves_models(self) -> None:
+        """This process serves a multi-model endpoint: its models' metrics are exported, at zero until used."""
+        with self._held_lock:
+            if self._held is None:
+                self._held = {}
+
+    def loaded(self, key: tuple[str, str], seconds: float, cost: int) -> None:
+        """This worker loaded the model ``key`` in ``seconds``; holding it costs ``cost`` bytes of RSS."""
+        families = self.families()
+        families.model_loads.inc()
+        families.model_load_seconds.observe(seconds)
+        self._hold(key, cost)
+
+    def load_failed(self, seconds: float) -> None:
+        """This worker's load of a model failed after ``seconds`` (its ``model_fn`` raised)."""
+        families = self.families()
+        families.model_loads.inc()
+        families.model_load_seconds.observe(seconds)
+        self.model_families().unloads.labels("failed").inc()
+
+    def unloaded(self, key: tuple[str, str], reason: str) -> None:
+        """This worker unloaded the model ``key`` (``reason`` one of :data:`UNLOAD_REASONS`)."""
+        self.model_families().unloads.labels(reason).inc()
+        self._hold(key, None)
+
+    def missed(self, waited: float) -> None:
+        """An invocation did not find its model loaded in this worker, and waited ``waited`` seconds for its load."""
+        families = self.model_families()
+        families.misses.inc()
+        families.wait_seconds.observe(waited)
+
+    def _hold(self, key: tuple[str, str], cost: int | None) -> None:
+        """Note that this worker holds ``key`` at ``cost`` (None: no longer), and say so to the other workers."""
+        with self._held_lock:
+            held = self._held if self._held is not None else {}
+            self._held = held
+            if cost is None:
+                held.pop(key, None)
+            else:
+                held[key] = cost
+            path = shared_directory()
+            if path is not None:
+                listed = [[kind, name, value] for (kind, name), value in held.items()]
+                _write_whole(Path(path) / HELD_FILE.format(pid=os.getpid()), json.dumps(listed).encode())
+
+    def held(self) -> dict[tuple[str, str], int] | None:
+        """What each model this worker holds cost it, by key; None unless it serves a multi-model endpoint."""
+        with self._held_lock:
+            return None if self._held is None else dict(self._held)
+
+    def model_families(self) -> _ModelFamilies:
+        """The multi-model endpoint's metrics (made on first use)."""
+        families = self._model_families
+        if families is None:
+            registry = self.families().registry
+            with self._flush_lock:
+                if self._model_families is None:
+                    self._model_families = _ModelFamilies(registry)
+                families = self._model_families
+        return families
 
     # -- moving counts into the Prometheus client --------------------------------------------------------------
     def families(self) -> _Families:
@@ -212,6 +296,9 @@ class Recorder:
                 self._in_flight -= self._add_requests(families, requests)
             families.requests_in_flight.set(self._in_flight)
             families.queue_depth.set(sum(batcher.waiting for batcher in list(self.batchers)))
+            hits = len(_taken(self._hits))
+        if hits or self._held is not None:  # (a multi-model endpoint's metrics exist from its first flush)
+            self.model_families().hits.inc(hits)
 
     def kind(self, route: str, method: str, status: int, model: str) -> int:
         """The number :attr:`ended` takes for a request with these labels (``model``: the name a multi-model endpoint
@@ -380,11 +467,14 @@ class _Families:
             registry=registry,
             multiprocess_mode="livesum",
         )
-        self.model_load_seconds = Gauge(
-            PREFIX + "model_load_seconds",
-            "Seconds the worker (pid) took to load its model",
+        self.model_loads = Counter(
+            PREFIX + "model_loads_total",
+            "Model loads begun (model_fn calls), over all workers; a load that failed is also counted in "
+            "model_unloads_total{reason=failed} on a multi-model endpoint",
             registry=registry,
-            multiprocess_mode="liveall",
+        )
+        self.model_load_seconds = histogram(
+            "model_load_seconds", "Seconds each model load took (model_fn), over all workers", (), LOAD_BUCKETS
         )
         self.model_loaded = Gauge(
             PREFIX + "model_loaded",
@@ -395,6 +485,110 @@ class _Families:
         self.worker_restarts = restarts_counter(registry)  # counted by the serving process; zeros here
         for stage in STAGES:
             self.stage_duration.labels(stage)
+
+
+class _ModelFamilies:
+    """A multi-model endpoint's metrics, in the registry of :class:`_Families` (``models_loaded`` and
+    ``model_memory_bytes`` are read from every worker's held models at each scrape: :class:`_HeldModels`)."""
+
+    def __init__(self, registry: prometheus_client.CollectorRegistry) -> None:
+        from prometheus_client import Counter, Histogram
+
+        self.unloads = Counter(
+            PREFIX + "model_unloads_total",
+            "Models unloaded by the workers of a multi-model endpoint, by reason: request (DELETE /models/{name}), "
+            "evicted (the least recently used TargetModel, to make room), failed (a load that failed: model_fn "
+            "raised, or the model did not fit)",
+            ("reason",),
+            registry=registry,
+        )
+        for reason in UNLOAD_REASONS:
+            self.unloads.labels(reason)
+        self.hits = Counter(
+            PREFIX + "model_cache_hits_total",
+            "Invocations of a multi-model endpoint that found their model loaded in the worker that served them",
+            registry=registry,
+        )
+        self.misses = Counter(
+            PREFIX + "model_cache_misses_total",
+            "Invocations of a multi-model endpoint whose model was not loaded in the worker that served them",
+            registry=registry,
+        )
+        self.wait_seconds = Histogram(
+            PREFIX + "model_wait_seconds",
+            "Seconds an invocation of a multi-model endpoint waited for its model to load (cache misses)",
+            buckets=LOAD_BUCKETS,
+            registry=registry,
+        )
+
+
+class _HeldModels:
+    """A collector of the models the live workers hold: ``models_loaded`` (each model once, however many workers
+    hold it) and ``model_memory_bytes`` (what they cost each worker, summed); nothing on a single-model endpoint."""
+
+    def collect(self) -> Iterator[prometheus_client.Metric]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        own = recorder.held()
+        if own is None:
+            return
+        by_worker = [own]
+        path = shared_directory()
+        if path is not None:
+            by_worker += _others_held(Path(path))
+        models = set().union(*by_worker)
+        yield GaugeMetricFamily(
+            PREFIX + "models_loaded",
+            "Models loaded on this machine (a multi-model endpoint), each counted once however many workers hold it",
+            value=len(models),
+        )
+        yield GaugeMetricFamily(
+            PREFIX + "model_memory_bytes",
+            "Bytes of resident memory the loaded models cost, summed over the workers that hold them (each worker's "
+            "growth while loading a model: what --max-model-memory bounds per worker)",
+            value=sum(sum(held.values()) for held in by_worker),
+        )
+
+
+def _others_held(path: Path) -> list[dict[tuple[str, str], int]]:
+    """The models each other live worker holds, from its file in ``path`` (files of workers gone are skipped)."""
+    found = []
+    for file in path.glob(HELD_FILE.format(pid="*")):
+        pid = file.stem.removeprefix("models-")
+        if not pid.isdigit() or int(pid) == os.getpid() or not _alive(int(pid)):
+            continue
+        try:
+            listed = json.loads(file.read_bytes())
+            found.append({(str(kind), str(name)): int(cost) for kind, name, cost in listed})
+        except (OSError, ValueError, TypeError):  # removed meanwhile, or (never) half written: skipped this time
+            continue
+    return found
+
+
+def _write_whole(path: Path, data: bytes) -> None:
+    """Replace the file ``path`` with ``data`` at once: a reader sees the old content or the new, never a part."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    temporary.write_bytes(data)
+    os.replace(temporary, path)
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` is running: neither gone nor a zombie (dead, not yet reaped by its parent)."""
+    if _PROC:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as stat:
+                return stat.read().rpartition(b")")[2].split()[:1] != [b"Z"]  # (its name, before, may hold anything)
+        except FileNotFoundError:
+            return False
+        except OSError:
+            return True
+    try:  # no /proc: ask the kernel (a zombie counts as running)
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _add(child: prometheus_client.Histogram, histogram: _Histogram) -> None:
@@ -440,12 +634,14 @@ def scrape() -> bytes:
     from prometheus_client.multiprocess import MultiProcessCollector
 
     recorder.flush()
+    held = CollectorRegistry()
+    held.register(_HeldModels())
     path = shared_directory()
     if path is not None:
         registry = CollectorRegistry()
         MultiProcessCollector(registry, path)  # type: ignore[no-untyped-call]
-        return generate_latest(registry)
-    return generate_latest(recorder.families().registry) + generate_latest(REGISTRY)
+        return generate_latest(registry) + generate_latest(held)
+    return generate_latest(recorder.families().registry) + generate_latest(held) + generate_latest(REGISTRY)
 
 
 def restarts_counter(registry: prometheus_client.CollectorRegistry) -> prometheus_client.Counter:
@@ -477,9 +673,11 @@ def worker_restarted(reason: str) -> None:
 
 
 def process_dead(pid: int) -> None:
-    """Worker ``pid`` is gone: its live gauges leave the scrape (its counters and histograms stay)."""
+    """Worker ``pid`` is gone: its live gauges and the models it held leave the scrape (its counters and histograms
+    stay)."""
     path = shared_directory()
     if path is not None:
         from prometheus_client import multiprocess
 
         multiprocess.mark_process_dead(pid, path)  # type: ignore[no-untyped-call]
+        (Path(path) / HELD_FILE.format(pid=pid)).unlink(missing_ok=True)

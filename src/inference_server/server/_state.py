@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from inference_server import _logging, _rundir, metrics
+from inference_server import _logging, _registry, _rundir, metrics
 from inference_server._rundir import RUN_DIR_ENV, SERVING_PID_ENV, map_file
 
 logger = logging.getLogger("inference_server")
@@ -93,8 +93,8 @@ class Supervisor:
             note.unlink()
         except OSError:
             reason = "crash"
-        for cost in (self.path / "models").glob(f"*.rss-{pid}"):  # what it paid for multi-model models
-            cost.unlink(missing_ok=True)
+        if (self.path / "models").is_dir():  # a multi-model endpoint: what it paid for its models leaves the listing
+            _registry.Registry(self.path / "models").forget_worker(pid)
         try:
             metrics.process_dead(pid)
             if replaced:
