@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import threading
+from pathlib import Path
 from typing import Any
 
 import boto3
@@ -124,7 +126,8 @@ def test_predictor_reports_a_body_over_the_limit(server: Any) -> None:
 
 
 def test_predictor_is_thread_safe(server: Any) -> None:
-    """Threads sharing a Predictor each get their own connection and the right answers."""
+    """Threads sharing a Predictor each get their own connection and the right answers; one thread's close() leaves
+    the requests of the others to finish, and closes their connections once they are done."""
     predictor = client.Predictor(_url(server), client.NumpySerializer(), client.NumpyDeserializer())
     failures: list[BaseException] = []
 
@@ -137,7 +140,7 @@ def test_predictor_is_thread_safe(server: Any) -> None:
 
     def work_and_close(value: int) -> None:
         work(value)
-        predictor.close()  # closes this thread's connection
+        predictor.close()  # while other threads are still at work: their requests go on
 
     threads = [threading.Thread(target=work_and_close, args=(i,)) for i in range(4)]
     for thread in threads:
@@ -145,6 +148,38 @@ def test_predictor_is_thread_safe(server: Any) -> None:
     for thread in threads:
         thread.join()
     assert failures == []
+    assert _established(server.port) == 0  # each connection closed once its requests were done
+
+
+def _established(port: int) -> int:
+    """Client sockets connected to 127.0.0.1:``port`` and ESTABLISHED, on this machine (from /proc/net/tcp)."""
+    count = 0
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        remote, state = fields[2], fields[3]
+        if remote == f"0100007F:{port:04X}" and state == "01":
+            count += 1
+    return count
+
+
+def test_close_closes_the_connection_of_every_thread(server: Any) -> None:
+    """close() closes the kept-alive connections of every thread that used the Predictor (a thread pool's), not only
+    the calling thread's; the Predictor opens new ones if used again."""
+    predictor = client.Predictor(_url(server), client.NumpySerializer(), client.NumpyDeserializer())
+    together = threading.Barrier(4, timeout=30)
+
+    def work(value: int) -> list[int]:
+        together.wait()  # four threads of the pool, each with a connection of its own
+        return predictor.predict(np.full(2, value)).tolist()  # type: ignore[no-any-return]
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        assert list(pool.map(work, range(4))) == [[value, value] for value in range(4)]
+        assert _established(server.port) == 4
+        predictor.close()
+        assert _established(server.port) == 0
+        assert pool.submit(predictor.predict, np.ones(1, dtype=np.int64)).result(30).tolist() == [1]
+        predictor.close()
+        assert _established(server.port) == 0
 
 
 def test_predictor_sends_sagemaker_headers(servers: Any, plugin_site: Any) -> None:

@@ -6,6 +6,7 @@ import http.client
 import importlib
 import threading
 import urllib.parse
+import weakref
 from collections.abc import Generator, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -57,7 +58,8 @@ def _message(body: bytes) -> tuple[str, str | None]:
 
 
 class _HTTPTransport:
-    """HTTP requests (POST to ``/invocations``, or any path under the URL) over one kept-alive connection per thread."""
+    """HTTP requests (POST to ``/invocations``, or any path under the URL) over one kept-alive connection per thread,
+    all of which :meth:`close` closes."""
 
     def __init__(self, url: str, timeout: float) -> None:
         parts = urllib.parse.urlsplit(url)
@@ -70,20 +72,49 @@ class _HTTPTransport:
         self.base = path.removesuffix("/invocations")
         self.timeout = timeout
         self._local = threading.local()
+        #: The kept-alive connections not in use right now, of every thread (a thread that ends drops its own).
+        self._idle: weakref.WeakSet[http.client.HTTPConnection] = weakref.WeakSet()
+        #: How many times :meth:`close` was called: a connection made before its last call is not used again.
+        self._closes = 0
+        self._lock = threading.Lock()
 
-    def _connection(self) -> http.client.HTTPConnection:
+    def _connection(self) -> tuple[http.client.HTTPConnection, int, bool]:
+        """This thread's kept-alive connection, in use (out of :meth:`close`'s reach) until :meth:`_give_back`, with
+        the count of closes it was made after, and whether it served before; a new one if the thread has none, or
+        if :meth:`close` was called since it was made."""
         connection: http.client.HTTPConnection | None = getattr(self._local, "connection", None)
-        if connection is None:
-            kind = http.client.HTTPSConnection if self.scheme == "https" else http.client.HTTPConnection
-            connection = kind(self.host, self.port, timeout=self.timeout)
-            self._local.connection = connection
-        return connection
+        self._local.connection = None
+        if connection is not None:
+            with self._lock:
+                self._idle.discard(connection)
+                closes = self._local.closes
+                current = closes == self._closes
+            if current:
+                return connection, closes, True
+            connection.close()
+        kind = http.client.HTTPSConnection if self.scheme == "https" else http.client.HTTPConnection
+        return kind(self.host, self.port, timeout=self.timeout), self._closes, False
+
+    def _give_back(self, connection: http.client.HTTPConnection, closes: int) -> None:
+        """Keep ``connection`` for this thread's next request; closed instead if :meth:`close` was called since it
+        was made (``closes``), or if the thread has another already (it made one while streaming on this)."""
+        with self._lock:
+            keep = closes == self._closes and getattr(self._local, "connection", None) is None
+            if keep:
+                self._idle.add(connection)
+                self._local.connection, self._local.closes = connection, closes
+        if not keep:
+            connection.close()
 
     def close(self) -> None:
-        connection = getattr(self._local, "connection", None)
-        if connection is not None:
+        """Close the kept-alive connection of every thread: now if it is idle, else when its request ends (a stream
+        being read keeps its own until it ends or is closed). Used again, the transport opens new connections."""
+        with self._lock:
+            self._closes += 1
+            idle = list(self._idle)
+            self._idle.clear()
+        for connection in idle:
             connection.close()
-            self._local.connection = None
 
     def invoke(self, body: bytes, args: dict[str, str]) -> tuple[str, Any]:
         headers = {_HEADERS[key]: value for key, value in args.items() if key in _HEADERS}
@@ -98,50 +129,49 @@ class _HTTPTransport:
         """Send one request (a body given as buffers is sent as they are, with its Content-Length) and read its
         answer whole; retried once on a new connection if the server had closed a kept-alive one."""
         for attempt in (1, 2):
-            reused = getattr(self._local, "connection", None) is not None
-            connection = self._connection()
+            connection, closes, reused = self._connection()
             try:
                 response = _exchange(connection, path, body, headers, method)
                 data = _read(response)
                 break
             except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
-                self.close()
+                connection.close()
                 if not reused or attempt == 2:  # only a kept-alive connection the server closed is retried
                     raise
             except BaseException:
-                self.close()
+                connection.close()
                 raise
         if response.will_close:
-            self.close()
+            connection.close()
+        else:
+            self._give_back(connection, closes)
         return response, data
 
     def stream(self, body: bytes, args: dict[str, str]) -> tuple[str, Iterator[bytes]]:
         headers = {_HEADERS[key]: value for key, value in args.items() if key in _HEADERS}
-        connection, response = self._open(body, headers)
+        connection, closes, response = self._open(body, headers)
         if response.status >= 300:
             try:
                 data = response.read()
             except BaseException:
                 connection.close()
                 raise
-            self._release(connection, response)
+            self._release(connection, closes, response)
             raise _error(response, data)
-        chunks = self._chunks(connection, response)
+        chunks = self._chunks(connection, closes, response)
         next(chunks)  # started, so that closing it or dropping it unread runs its finally: the connection closes
         return response.getheader("Content-Type", ""), chunks
 
     def _open(
         self, body: bytes, headers: dict[str, str]
-    ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+    ) -> tuple[http.client.HTTPConnection, int, http.client.HTTPResponse]:
         """Send the request on this thread's connection, taken for the stream's own until it ends (a predict
         while streaming opens another); retried once on a new connection if the server had closed a kept-alive one."""
         attempt = 1
         while True:
-            reused = getattr(self._local, "connection", None) is not None
-            connection = self._connection()
-            self._local.connection = None
+            connection, closes, reused = self._connection()
             try:
-                return connection, _exchange(connection, self.path, body, headers)
+                return connection, closes, _exchange(connection, self.path, body, headers)
             except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
                 connection.close()
                 if not reused or attempt == 2:
@@ -151,15 +181,17 @@ class _HTTPTransport:
                 raise
             attempt += 1
 
-    def _release(self, connection: http.client.HTTPConnection, response: http.client.HTTPResponse) -> None:
+    def _release(self, connection: http.client.HTTPConnection, closes: int, response: http.client.HTTPResponse) -> None:
         """After an answer read to its end: keep the connection for the next request, unless either side closes."""
         response.close()
-        if response.will_close or getattr(self._local, "connection", None) is not None:
+        if response.will_close:
             connection.close()
         else:
-            self._local.connection = connection
+            self._give_back(connection, closes)
 
-    def _chunks(self, connection: http.client.HTTPConnection, response: http.client.HTTPResponse) -> Iterator[bytes]:
+    def _chunks(
+        self, connection: http.client.HTTPConnection, closes: int, response: http.client.HTTPResponse
+    ) -> Iterator[bytes]:
         """The body's bytes as they arrive; an answer cut short raises :class:`StreamError`. Closed early (or on
         any error), the connection is closed, so the server sees the client go; read to its end, it is kept."""
         done = False
@@ -180,7 +212,7 @@ class _HTTPTransport:
             done = True
         finally:
             if done:
-                self._release(connection, response)
+                self._release(connection, closes, response)
             else:
                 response.close()
                 connection.close()
@@ -413,7 +445,8 @@ class Predictor:
         return args
 
     def close(self) -> None:
-        """Close the kept-alive connection of this thread, if any."""
+        """Close the kept-alive connections of every thread that used this Predictor (a stream being read keeps its
+        own until it ends or is closed); used again, it opens new ones."""
         close = getattr(self._transport, "close", None)
         if close is not None:
             close()

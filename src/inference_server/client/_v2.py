@@ -113,7 +113,7 @@ class V2Client:
         return self._metadata(self._model_path(model_name))
 
     def close(self) -> None:
-        """Close the kept-alive connection of this thread, if any."""
+        """Close the kept-alive connections of every thread that used this client."""
         self._transport.close()
 
     def __enter__(self) -> V2Client:
