@@ -5,6 +5,7 @@ worker process."""
 from __future__ import annotations
 
 import importlib.util
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -119,7 +120,8 @@ def test_ray_output_is_the_local_engines_byte_for_byte(tmp_path: Path, servers: 
     assert result.returncode == 1, result.stderr[-3000:]
     assert "9 of 10 files transformed (0 skipped, 1 failed)" in result.stderr
     assert "failed: sub/deep.csv: the request of records 0 to 1 failed" in result.stderr
-    assert "deprecated" not in result.stderr  # Ray Data called with its current API
+    assert "deprecated" not in result.stderr  # Ray called with its current API
+    assert "max_restarts" not in result.stderr  # Ray's core: an actor with restarts and arguments in its object store
     assert {
         path.relative_to(job.output): path.read_bytes() for path in job.output.rglob("*") if path.is_file()
     } == expected
@@ -233,3 +235,69 @@ def test_a_dask_dashboard_is_asked_for_and_needs_its_packages(tmp_path: Path) ->
     assert result.returncode == 1
     assert "--dask-dashboard needs bokeh, which Dask's dashboard is drawn with: pip install bokeh" in result.stderr
     assert not (tmp_path / "out" / "a.txt.out").exists()
+
+
+CRASHING = """
+    import os
+
+    import inference_server
+
+    @inference_server.plugin_hook
+    def input_fn(input_data, content_type):
+        return bytes(input_data)
+
+    @inference_server.plugin_hook
+    def predict_fn(data, model):
+        if data.startswith(b"crash"):
+            os._exit(3)  # the process dies, as in a crash of the model or at the OOM killer's hand
+        return data.upper()
+
+    @inference_server.plugin_hook
+    def output_fn(prediction, accept):
+        return prediction, "application/octet-stream"
+"""
+
+#: A line of the engine's below ERROR: Dask's in the job's process (our format: ``[WARNING] distributed.nanny: ...``)
+#: and in its worker processes (``- distributed.worker - WARNING -``), Ray's (``\tINFO worker.py:...``) and its C++
+#: core's (``[2026-12-05 07:19:41,739 W 7119 7119] core_worker.cc``), and Python's warnings.
+BELOW_ERROR = re.compile(
+    r"\[(DEBUG|INFO|WARNING)\]| - (DEBUG|INFO|WARNING) - |\t(DEBUG|INFO|WARNING) "
+    r"|^\[[-\d :,.]+ [DIW] \d+ \d+\]|Warning: "
+)
+
+
+def _crash_job(tmp_path: Path, servers: Any, plugin_site: Any) -> Job:
+    plugin_site.add("crashing", CRASHING)
+    job = Job(tmp_path, servers)
+    for i in range(4):
+        job.write(f"part-{i}.csv", b"".join(b"%d,%d\n" % (i, n) for n in range(50)))
+    return job
+
+
+@pytest.mark.parametrize("engine", ["dask", "ray"])
+def test_quiet_shows_no_line_of_the_engine(engine: str, tmp_path: Path, servers: Any, plugin_site: Any) -> None:
+    """--quiet on --engine dask and ray: a job that succeeds prints nothing at all, not one line of the engine's own
+    (Ray's start, its authentication token, its core's error about actor restarts; Dask's cluster)."""
+    job = _crash_job(tmp_path, servers, plugin_site)
+    options = ("--split-type", "Line", "--content-type", "text/csv", "--model-dir", str(tmp_path), "--quiet")
+    result = job.run(*options, "--engine", engine, "--workers", "2")
+    assert (result.returncode, result.stderr, result.stdout) == (0, "", "")
+    assert sorted(path.name for path in job.output.rglob("*")) == [f"part-{i}.csv.out" for i in range(4)]
+
+
+@pytest.mark.parametrize("engine", ["dask", "ray"])
+def test_a_file_that_kills_its_worker_fails_alone(engine: str, tmp_path: Path, servers: Any, plugin_site: Any) -> None:
+    """A file whose model call kills the worker process fails with the reason and the other files are transformed
+    (Dask gives up on it after its workers died, Ray's pool replaces the dead actor, neither retries it without end);
+    under --quiet, the engine says nothing below error level."""
+    job = _crash_job(tmp_path, servers, plugin_site)
+    job.write("crash.csv", b"crash\n")
+    options = ("--split-type", "Line", "--content-type", "text/csv", "--model-dir", str(tmp_path), "--quiet")
+    result = job.run(*options, "--engine", engine, "--workers", "2")
+    assert result.returncode == 1, result.stderr[-3000:]
+    failed = [line for line in result.stderr.splitlines() if line.startswith("failed: ")]
+    reason = "KilledWorker: " if engine == "dask" else "its Ray actor died: "
+    assert [line[: len(f"failed: crash.csv: {reason}")] for line in failed] == [f"failed: crash.csv: {reason}"]
+    assert [line for line in (result.stderr + result.stdout).splitlines() if BELOW_ERROR.search(line)] == []
+    for i in range(4):
+        assert job.out(f"part-{i}.csv") == b"".join(b"%d,%d\n" % (i, n) for n in range(50)).upper()

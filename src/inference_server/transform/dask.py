@@ -27,20 +27,29 @@ from inference_server.transform.tasks import Task, finish, kept_predictor, prepa
 EXTRA = "pip install 'inference-server[dask]'"
 
 
-def _client(address: str | None, workers: int | None, dashboard: str | None = None) -> Any:
+def _client(address: str | None, workers: int | None, dashboard: str | None = None, quiet: bool = False) -> Any:
     try:
         from distributed import Client, LocalCluster
     except ImportError:
         raise TransformError(f"--engine dask needs dask.distributed: {EXTRA}") from None
+    # Dask's own lines: a cluster of our own says at INFO what it does (~30 lines a job) and where a dashboard would
+    # be, so INFO only when the dashboard was asked for; WARNING (a worker restarted, a result recomputed) unless
+    # --quiet, which leaves ERROR
+    level = logging.INFO if dashboard else logging.ERROR if quiet else logging.WARNING
+    logging.getLogger("distributed").setLevel(level)  # this process's: the client, and the LocalCluster's scheduler
+    for name in ("distributed.client", "distributed.gc"):  # WARNING in Dask's logging config, whatever their parent's
+        logging.getLogger(name).setLevel(max(level, logging.WARNING))
     if address:
         return Client(address), None  # type: ignore[no-untyped-call]
     if dashboard and importlib.util.find_spec("bokeh") is None:
         raise TransformError("--dask-dashboard needs bokeh, which Dask's dashboard is drawn with: pip install bokeh")
-    # a cluster of our own says at INFO what it does (~30 lines a job) and where a dashboard would be: quiet unless
-    # the dashboard was asked for
-    logging.getLogger("distributed").setLevel(logging.INFO if dashboard else logging.WARNING)
     cluster = LocalCluster(  # type: ignore[no-untyped-call]
-        n_workers=workers or 2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=dashboard
+        n_workers=workers or 2,
+        threads_per_worker=1,
+        processes=True,
+        host="127.0.0.1",
+        dashboard_address=dashboard,
+        silence_logs=logging.ERROR if quiet else logging.WARNING,  # the worker processes' (Dask's default: WARNING)
     )
     return Client(cluster), cluster  # type: ignore[no-untyped-call]
 
@@ -65,7 +74,7 @@ def run(
     if not tasks:  # nothing left to do (--resume): no cluster, no model
         return finish(str(output), files, tasks, {})
     results: dict[Task, TransformSummary] = {}
-    client, cluster = _client(address, workers, dashboard)
+    client, cluster = _client(address, workers, dashboard, options.quiet)
     try:
         futures = {
             client.submit(

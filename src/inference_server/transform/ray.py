@@ -1,12 +1,13 @@
-"""The Ray engine: a transform job as a Ray Data ``map_batches`` over the input files (and parts of large ones),
-with an actor pool.
+"""The Ray engine: a transform job on a pool of Ray actors, each input file, or each part of a large one, one task.
 
 ``--engine ray`` joins the cluster at ``--engine-address`` (``ray://...`` or ``auto``), else starts a local Ray of
-``--workers`` CPUs (2) on 127.0.0.1. Each actor loads the model once, through the installed hooks, and transforms
-the files it is given exactly as the local engine does, so the outputs are byte for byte the local engine's. Inputs
-and outputs must be reachable from the actors (this machine, a shared file system, or ``s3://``).
+``--workers`` CPUs (2) on 127.0.0.1, and runs a pool of ``--workers`` actors (2). Each actor loads the model once,
+through the installed hooks, and transforms the tasks it is given exactly as the local engine does, so the outputs are
+byte for byte the local engine's. A task that kills its actor's process fails its file, and a new actor takes the
+dead one's place. Inputs and outputs must be reachable from the actors (this machine, a shared file system, or
+``s3://``).
 
-``FileTransformer`` is also the Ray Data UDF for people already on Ray::
+``FileTransformer`` is the same as a Ray Data UDF, for people already on Ray::
 
     import ray
     from inference_server.transform import TransformOptions
@@ -26,6 +27,7 @@ Needs the extra: ``pip install 'inference-server[ray]'``.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from pathlib import Path
@@ -63,20 +65,31 @@ class FileTransformer:
         return rows
 
 
-def _start(address: str | None, workers: int | None) -> tuple[Any, bool]:
+class _Worker:
+    """One actor of the engine's pool: transforms the tasks it is given, loading the model with the first (so that a
+    model that fails to load fails each file with the reason, as on the other engines) and keeping it."""
+
+    def __init__(self, root: str, output: str, options: TransformOptions) -> None:
+        self.root, self.output, self.options = root, output, options
+
+    def transform(self, task: Task) -> TransformSummary:
+        return run_task(self.root, self.output, task, self.options)
+
+
+def _start(address: str | None, workers: int | None, quiet: bool) -> tuple[Any, bool]:
     try:
         import ray
-        import ray.data
     except ImportError:
-        raise TransformError(f"--engine ray needs Ray Data: {EXTRA}") from None
+        raise TransformError(f"--engine ray needs Ray: {EXTRA}") from None
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # never phone home from a job
     started = not ray.is_initialized()
     if started:
-        if address:
-            ray.init(address=address, log_to_driver=False)
-        else:
-            ray.init(num_cpus=workers or 2, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
-    ray.data.DataContext.get_current().enable_progress_bars = False
+        # the driver's "ray" logger: Ray's lines below ERROR (the cluster started, its token, ...) only when not quiet;
+        # the actors' own output stays in Ray's session logs
+        where: dict[str, Any] = {"address": address} if address else {
+            "num_cpus": workers or 2, "include_dashboard": False, "_node_ip_address": "127.0.0.1"
+        }  # fmt: skip
+        ray.init(**where, log_to_driver=False, logging_level=logging.ERROR if quiet else logging.INFO)
     return ray, started
 
 
@@ -88,30 +101,43 @@ def run(
     address: str | None = None,
     workers: int | None = None,
 ) -> TransformSummary:
-    """Transform every input file under ``root`` into ``output`` with Ray Data (see the module's text)."""
+    """Transform every input file under ``root`` into ``output`` with a pool of Ray actors (see the module's text)."""
     files, options, tasks = prepare(str(root), str(output), options)
     if not tasks:  # nothing left to do (--resume): no cluster, no model
         return finish(str(output), files, tasks, {})
-    ray, started_here = _start(address, workers)
+    ray, started_here = _start(address, workers, options.quiet)
     began = time.monotonic()
     results: dict[Task, TransformSummary] = {}
-    by_key = {(task.name, task.part): task for task in tasks}
+    # Ray's default for an actor: no restarts, no task retries. A file whose task kills its actor's process (a crash in
+    # the model, the OOM killer) fails with the reason and a new actor takes the dead one's place; retried, it would
+    # kill actor after actor (Ray Data's actor pools restart and retry without end).
+    actor = ray.remote(num_cpus=1)(_Worker)
+    waiting, idle = list(reversed(tasks)), [actor.remote(str(root), str(output), options) for _ in range(workers or 2)]
+    running: dict[Any, tuple[Task, Any]] = {}
     try:
-        rows = [{"path": task.path, "name": task.name, "part": task.part, "parts": task.parts} for task in tasks]
-        dataset = ray.data.from_items(rows).map_batches(
-            FileTransformer,
-            fn_constructor_args=(str(root), str(output), options),
-            batch_size=1,
-            compute=ray.data.ActorPoolStrategy(size=workers or 2),  # one model per actor, a fixed pool
-        )
-        for row in dataset.iter_rows():  # as the tasks finish: --fail-fast stops the rest
-            part = TransformSummary(failed=[(row["name"], row["failed"])] if row["failed"] else [])
-            for count in _COUNTS:
-                setattr(part, count, int(row[count]))
-            results[by_key[row["name"], int(row["part"])]] = part
+        while waiting or running:
+            while idle and waiting:
+                handle, task = idle.pop(), waiting.pop()
+                running[handle.transform.remote(task)] = (task, handle)
+            (ref,), _ = ray.wait(list(running), num_returns=1)
+            task, handle = running.pop(ref)
+            try:
+                part: TransformSummary = ray.get(ref)
+                idle.append(handle)
+            except ray.exceptions.RayActorError as exc:  # its process died: a new actor for the pool
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+                part = TransformSummary(failed=[(task.name, f"{task.name}: its Ray actor died: {first}")])
+                idle.append(actor.remote(str(root), str(output), options))
+            except ray.exceptions.RayTaskError as exc:  # the task raised: the model could not load
+                cause = exc.cause if isinstance(exc.cause, BaseException) else exc
+                part = TransformSummary(failed=[(task.name, f"{task.name}: {type(cause).__name__}: {cause}")])
+                idle.append(handle)
+            results[task] = part
             if part.failed and options.fail_fast:
                 break
     finally:
+        for handle in [*idle, *(handle for _, handle in running.values())]:
+            ray.kill(handle)
         if started_here:
             ray.shutdown()
     summary = finish(str(output), files, tasks, results)
