@@ -140,6 +140,56 @@ def _imported_anywhere(module: str) -> set[str]:
     return names
 
 
+#: The import cycles allowed, each closed by a package's face choosing a module below it only when called: the
+#: ``transform()`` function runs the local engine, ``serve`` the chosen backend (which import the package's names).
+DEFERRED_CHOICES = {
+    (f"{OURS}.transform", f"{OURS}.transform.local"),
+    (f"{OURS}.server", f"{OURS}.server.granian"),
+    (f"{OURS}.server", f"{OURS}.server.gunicorn"),
+}
+
+
+def _runtime_imports(module: str) -> set[str]:
+    """The modules of ours that ``module``'s source imports anywhere outside ``if TYPE_CHECKING:`` blocks."""
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                continue
+            if isinstance(child, ast.Import):
+                found.update(alias.name for alias in child.names)
+            elif isinstance(child, ast.ImportFrom) and child.module is not None:
+                for alias in child.names:
+                    submodule = f"{child.module}.{alias.name}"
+                    found.add(submodule if submodule in MODULES else child.module)
+            visit(child)
+
+    visit(_source(module))
+    return {name for name in found if name in MODULES and name != module}
+
+
+def test_no_import_cycle_but_a_packages_deferred_choice() -> None:
+    """No chain of imports of ours (function-level ones included) leads back to where it started, except through a
+    package's face choosing an engine or a backend when called: a cycle hidden in a function is a layering fault."""
+    graph = {module: _runtime_imports(module) for module in MODULES if module != f"{OURS}.__main__"}
+    for edge in DEFERRED_CHOICES:
+        assert edge[1] in graph[edge[0]], f"{edge} is no longer imported: drop it from DEFERRED_CHOICES"
+        graph[edge[0]].discard(edge[1])
+    cycles = []
+    for start in graph:  # a depth-first search from each module, for a path back to it
+        stack, seen = [(start, (start,))], set()
+        while stack:
+            module, path = stack.pop()
+            for imported in graph.get(module, ()):
+                if imported == start:
+                    cycles.append(" -> ".join((*path, start)))
+                elif imported not in seen:
+                    seen.add(imported)
+                    stack.append((imported, (*path, imported)))
+    assert cycles == []
+
+
 @pytest.mark.parametrize("module", sorted(NEVER))
 def test_module_never_imports_what_lies_above_it_even_inside_a_function(module: str) -> None:
     """transform.tasks (the engines' shared planning) never imports an engine, and transform.job (what every engine
