@@ -290,11 +290,16 @@ def _open_files(wanted: int) -> Any:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
-@pytest.mark.parametrize("backend", ["granian", "gunicorn"])
-def test_slow_header_clients_leave_ping_answering(servers: Any, backend: str) -> None:
+@pytest.mark.parametrize(
+    ("backend", "first", "seconds"),
+    [("granian", b"", 12), ("gunicorn", b"", 12), ("gunicorn", b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n", 6)],
+    ids=["granian", "gunicorn", "gunicorn-after-a-request"],
+)
+def test_slow_header_clients_leave_ping_answering(servers: Any, backend: str, first: bytes, seconds: int) -> None:
     """Attack 6: 2,000 slowloris connections (a header byte a second each, for 12 s) leave /ping answering within
-    2 s every time on both backends (before: gunicorn gave each a thread of its 1,025 while it read the head, and
-    answered none of 15 pings; granian stopped accepting at its 1,024-connection default)."""
+    2 s every time on both backends, also when each first sends a whole request and trickles the next one behind it
+    (before: gunicorn gave each a thread of its 1,025 while it read the head, and answered none of 15 pings; granian
+    stopped accepting at its 1,024-connection default)."""
     clients = 2000
     server = servers.start("--server", backend, plugins=[])
     with _open_files(clients + 1024):
@@ -302,8 +307,8 @@ def test_slow_header_clients_leave_ping_answering(servers: Any, backend: str) ->
         try:
             for _ in range(clients):
                 held.append(socket.create_connection(("127.0.0.1", server.port), timeout=5))
-                held[-1].sendall(b"GET /ping HTTP/1.1\r\nHo")
-            for _ in range(12):
+                held[-1].sendall(first + b"GET /ping HTTP/1.1\r\nHo")
+            for _ in range(seconds):
                 started = time.monotonic()
                 for sock in held:
                     with contextlib.suppress(OSError):
