@@ -592,10 +592,9 @@ def test_hostile_chunk_sizes_and_bare_lf_framing_are_refused_at_once(servers: An
     _ping_fast(server)
 
 
-def _head_of(size: int, headers: int = 1) -> bytes:
-    """A ``GET /ping`` whose head (request line, header lines, the empty line) is ``size`` bytes, its padding
-    spread over ``headers`` headers written as clients write them (``Name: value``)."""
-    start = b"GET /ping HTTP/1.1\r\nHost: x\r\n"
+def _head_of(size: int, headers: int = 1, start: bytes = b"GET /ping HTTP/1.1\r\nHost: x\r\n") -> bytes:
+    """A request (``GET /ping``) whose head (request line, header lines, the empty line) is ``size`` bytes, its
+    padding spread over ``headers`` headers written as clients write them (``Name: value``)."""
     names = [b"X-Pad-%d" % i for i in range(headers)]
     pad = size - len(start) - 2 - sum(len(name) + 4 for name in names)
     lines = b"".join(name + b": " + b"a" * (pad // headers + (i < pad % headers)) + b"\r\n" for i, name in
@@ -612,6 +611,10 @@ def test_the_head_limit_is_exact(server: Any, headers: int) -> None:
     assert _status(_raw(server.port, _head_of(65536, headers))) == 200
     assert _status(_raw(server.port, _head_of(65537, headers))) == 431
     assert _status(_raw(server.port, _head_of(65536 + 100, headers))) == 431
+    post = b"POST /invocations HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n"
+    echoed = _raw(server.port, _head_of(65536, headers, post) + b"hello")  # (the body in the same reads as the head)
+    assert (_status(echoed), echoed[-5:]) == (200, b"hello")
+    assert _status(_raw(server.port, _head_of(65537, headers, post) + b"hello")) == 431
     _ping_fast(server)
 
 
