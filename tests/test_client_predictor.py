@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import concurrent.futures
+import http.server
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -279,3 +281,88 @@ def test_our_predictor_sends_str_bodies_as_utf8(echo_aws: str) -> None:
         assert predictor.predict({"name": "Fair Isle ✓"}) == {"name": "Fair Isle ✓"}
     with client.Predictor(echo_aws, client.CSVSerializer(), client.CSVDeserializer()) as predictor:
         assert predictor.predict(["1,2", "3,4"]) == [["1.0", "2.0"], ["3.0", "4.0"]]
+
+
+class _Recorder(http.server.BaseHTTPRequestHandler):
+    """Answers a POST with its body, recording its path and headers (``server.seen``)."""
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        self.server.seen.append((self.path, dict(self.headers)))  # type: ignore[attr-defined]
+        self.send_response(200)
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def recorder() -> Iterator[Any]:
+    """An HTTP server on a free port of 127.0.0.1 that records what it is sent (:class:`_Recorder`)."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
+    server.seen = []  # type: ignore[attr-defined]
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
+
+
+def test_initial_args_are_invoke_endpoint_parameters_for_a_url_and_an_endpoint_alike(recorder: Any) -> None:
+    """``initial_args`` takes InvokeEndpoint's parameters: sent as SageMaker's headers to a container's URL as boto3
+    sends them to an endpoint; any other key is refused with the same ValueError in both modes, before sending."""
+    url = f"http://127.0.0.1:{recorder.server_port}"
+    runtime = boto3.client(
+        "sagemaker-runtime",
+        endpoint_url=url,
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    )
+    predictors = [client.Predictor(url), client.Predictor.for_endpoint("e", client=runtime)]
+    args = {"TargetVariant": "blue", "SessionId": "session-1", "InferenceComponentName": "ic-1", "InferenceId": "i"}
+    for predictor in predictors:
+        assert predictor.predict(b"x", initial_args=args) == b"x"
+    sent = [
+        {name.lower(): value for name, value in headers.items() if name.lower().startswith("x-amzn-sagemaker-")}
+        for _, headers in recorder.seen
+    ]
+    expected = {
+        "x-amzn-sagemaker-target-variant": "blue",
+        "x-amzn-sagemaker-session-id": "session-1",
+        "x-amzn-sagemaker-inference-component": "ic-1",
+        "x-amzn-sagemaker-inference-id": "i",
+    }
+    assert [path for path, _ in recorder.seen] == ["/invocations", "/endpoints/e/invocations"]
+    assert sent == [expected, expected]
+    for predictor in predictors:
+        with pytest.raises(
+            ValueError, match=r"^initial_args takes InvokeEndpoint's ContentType, .*, not 'TargetModle'$"
+        ):
+            predictor.predict(b"x", initial_args={"TargetModle": "m"})
+        with pytest.raises(
+            ValueError, match=r", not 'EndpointName' \(the endpoint is the Predictor's, the body the data\)"
+        ):
+            predictor.predict_stream(b"x", initial_args={"EndpointName": "other"})
+    assert len(recorder.seen) == 2
+    predictors[0].close()
+
+
+def test_initial_args_keys_are_invoke_endpoint_parameters_sent_as_its_headers() -> None:
+    """The keys ``initial_args`` takes are InvokeEndpoint's parameters (besides EndpointName and Body), each sent to a
+    URL as the header botocore sends it as."""
+    import botocore.session
+
+    from inference_server.client._predictor import _HEADERS
+
+    shape = botocore.session.get_session().get_service_model("sagemaker-runtime").operation_model("InvokeEndpoint")
+    members = shape.input_shape.members
+    headers = {name: member.serialization["name"] for name, member in members.items() if name in _HEADERS}
+    assert headers == _HEADERS
+    assert set(members) - set(_HEADERS) == {"EndpointName", "Body"}

@@ -19,13 +19,20 @@ from inference_server.client._stream import StreamError, decode_stream
 from inference_server.codecs._registry import Buffer
 from inference_server.errors import PredictionError
 
-#: Header names for the keys of SageMaker's InvokeEndpoint request.
+#: SageMaker Runtime's InvokeEndpoint parameters besides EndpointName and Body (what ``initial_args`` takes, as the
+#: SageMaker SDK's Predictor passes it to boto3), with the header each is sent as (botocore's service model).
 _HEADERS = {
     "ContentType": "Content-Type",
     "Accept": "Accept",
     "CustomAttributes": "X-Amzn-SageMaker-Custom-Attributes",
-    "InferenceId": "X-Amzn-SageMaker-Inference-Id",
     "TargetModel": "X-Amzn-SageMaker-Target-Model",
+    "TargetVariant": "X-Amzn-SageMaker-Target-Variant",
+    "TargetContainerHostname": "X-Amzn-SageMaker-Target-Container-Hostname",
+    "InferenceId": "X-Amzn-SageMaker-Inference-Id",
+    "EnableExplanations": "X-Amzn-SageMaker-Enable-Explanations",
+    "InferenceComponentName": "X-Amzn-SageMaker-Inference-Component",
+    "SessionId": "X-Amzn-SageMaker-Session-Id",
+    "PrefixAwareId": "X-Amzn-SageMaker-Prefix-Aware-Id",
 }
 _READ_BLOCK = 1 << 20
 #: The most one read of a streamed answer returns: whatever has arrived, up to this.
@@ -398,7 +405,9 @@ class Predictor:
         target_model: str | None = None,
         initial_args: Mapping[str, str] | None = None,
     ) -> Any:
-        """Serialize ``data``, invoke the model and return the deserialized answer."""
+        """Serialize ``data``, invoke the model and return the deserialized answer. ``initial_args`` takes
+        InvokeEndpoint's parameters as boto3 names them (``TargetVariant``, ``SessionId``, ...), sent to a URL as
+        SageMaker's headers; another key is a ``ValueError``, for a URL and an endpoint alike."""
         args = self._args(custom_attributes, inference_id, target_model, initial_args)
         content_type, body = self._transport.invoke(_request_body(self.serializer.serialize(data)), args)
         return self.deserializer.deserialize(body, content_type)
@@ -432,9 +441,22 @@ class Predictor:
         target_model: str | None,
         initial_args: Mapping[str, str] | None,
     ) -> dict[str, str]:
-        """The InvokeEndpoint arguments beside the body (the HTTP transport sends them as headers)."""
+        """The InvokeEndpoint arguments beside the body (the HTTP transport sends them as headers); a key of
+        ``initial_args`` that is not one of them is a ``ValueError``, for a URL and an endpoint alike."""
         args = {"ContentType": self.serializer.CONTENT_TYPE, "Accept": ", ".join(self.deserializer.ACCEPT)}
-        args.update(initial_args or {})
+        if initial_args:
+            unknown = [key for key in initial_args if key not in _HEADERS]
+            if unknown:
+                own = (
+                    " (the endpoint is the Predictor's, the body the data)"
+                    if {"EndpointName", "Body"} & {*unknown}
+                    else ""
+                )
+                raise ValueError(
+                    f"initial_args takes InvokeEndpoint's {', '.join(_HEADERS)}, not "
+                    f"{', '.join(map(repr, unknown))}{own}"
+                )
+            args.update(initial_args)
         for key, value in (
             ("CustomAttributes", custom_attributes),
             ("InferenceId", inference_id),
