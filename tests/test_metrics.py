@@ -68,6 +68,8 @@ MULTI_MODEL = """
 
     @inference_server.plugin_hook
     def predict_fn(data, model):
+        if isinstance(data, dict):
+            time.sleep(data["sleep"])
         return {"model": model["name"], "pid": os.getpid()}
 """
 
@@ -573,3 +575,62 @@ def test_models_loaded_counts_each_model_once_per_machine_and_a_killed_worker_le
     server.wait_ready()
     for _ in range(10):  # whichever worker answers, c is served (loaded again where needed)
         assert server.request("POST", "/models/c/invoke", b"[1]", JSON).status == 200
+
+
+@pytest.mark.parametrize("backend", ["granian", "gunicorn"])
+def test_a_worker_that_dies_while_the_server_drains_leaves_every_listing(
+    backend: str, servers: Any, plugin_site: Any, tmp_path: Path
+) -> None:
+    """While the server drains (SIGTERM, a slow request in flight on one worker), the other worker, which holds a
+    model, killed with SIGKILL: within a second what it paid for its models, the models it held and its live gauges
+    leave the run directory (before, on granian: only when the server exited); the slow request still ends 200."""
+    plugin_site.add("mm_metrics", MULTI_MODEL)
+    root, runs = tmp_path / "root", tmp_path / "runs"
+    _model_dirs(root, {"a": 1})
+    runs.mkdir()
+    server = servers.start(
+        *("--server", backend, "--multi-model", "--model-root", str(root), "--workers", "2"),
+        env={"TMPDIR": str(runs)},  # the run directory is made there
+        plugins=["mm_metrics"],
+    )
+    deadline = time.monotonic() + 30
+    while len(server.workers()) < 2:
+        assert time.monotonic() < deadline, server.output()
+        time.sleep(0.05)
+    assert _load(server, "a", root / "a") == 200
+    (holder,) = _costs(server, ["a"])["a"]
+    while True:  # a kept-alive connection to the other worker: its next request goes there too
+        other = server.connection()
+        other.request("POST", "/models/a/invoke", b"[1]", JSON)
+        pid = str(orjson.loads(other.getresponse().read())["pid"])
+        if pid != holder:
+            break
+        other.close()
+        assert time.monotonic() < deadline, "no connection reached the second worker"
+    (run_dir,) = runs.glob("inference-server-*")
+
+    def left_by_holder() -> list[str]:
+        return [
+            path.name
+            for path in (*run_dir.glob(f"models/*.rss-{holder}"), *run_dir.glob(f"metrics/*{holder}.*"))
+            if not path.name.startswith(("counter_", "histogram_"))  # (its counts stay)
+        ]
+
+    assert any(name.startswith("models-") for name in left_by_holder()), left_by_holder()
+    with ThreadPoolExecutor(1) as pool:
+        other.request("POST", "/models/a/invoke", b'{"sleep": 4}', JSON)
+        slow = pool.submit(lambda: other.getresponse().status)
+        while (run_dir / f"worker-{pid}").read_bytes() != (1).to_bytes(8, "little"):  # the worker counts it in flight
+            assert time.monotonic() < deadline, server.output()
+            time.sleep(0.02)
+        server.process.send_signal(signal.SIGTERM)
+        while server.request("GET", "/ping").status != 503:  # draining
+            assert time.monotonic() < deadline, server.output()
+            time.sleep(0.02)
+        os.kill(int(holder), signal.SIGKILL)
+        killed = time.monotonic()
+        while left_by_holder():
+            assert time.monotonic() - killed < 1.0, left_by_holder()
+            time.sleep(0.02)
+        assert slow.result(timeout=30) == 200
+    other.close()

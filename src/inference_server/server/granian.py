@@ -253,6 +253,9 @@ class Server(MPServer):
     def _respawn_workers(self, workers: Any, spawn_target: Any, target_loader: Any, delay: float = 0) -> None:
         if self.drain.deadline is not None:
             logger.info("Draining: worker(s) %s not replaced", ", ".join(str(idx + 1) for idx in workers))
+            for worker in (self.wrks[idx] for idx in workers):  # what those that died held leaves the listings
+                if worker.inner.pid and not worker.is_alive():
+                    self.drain.supervisor.gone(worker.inner.pid, replaced=False)
             return
         pids = [self.wrks[idx].inner.pid for idx in workers]
         super()._respawn_workers(workers, spawn_target, target_loader, delay)
