@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from inference_server import _archive
-from inference_server._archive import ArchiveError, model_directory, unpack
+from inference_server._archive import ArchiveError, OutsideRoot, confined, model_directory, unpack
 
 Member = tuple[tarfile.TarInfo, bytes]
 
@@ -512,12 +512,29 @@ def test_a_target_archive_is_unpacked_into_the_cache(root: Path, cache: Path, ta
     assert (directory / "name.txt").read_bytes() == name
 
 
-def test_a_missing_target_names_the_paths_tried(root: Path, cache: Path) -> None:
-    """A target that is not there raises FileNotFoundError naming both paths tried."""
+def test_a_missing_target_names_the_names_tried_but_not_the_root(root: Path, cache: Path) -> None:
+    """A target that is not there raises FileNotFoundError naming both names tried, relative to the root, which it
+    does not name (an answer would show it to the client)."""
     with pytest.raises(FileNotFoundError) as missing:
         model_directory(root, "team/model-x", cache)
-    assert str(root / "team" / "model-x") in str(missing.value)
-    assert str(root / "team" / "model-x.tar.gz") in str(missing.value)
+    assert "tried team/model-x and team/model-x.tar.gz" in str(missing.value)
+    assert str(root.parent) not in str(missing.value)
+
+
+@pytest.mark.parametrize("target", ["a" * 255, "a" * 300, "a/" * 600, "model-c/" + "b" * 1000, "%2e%2e"])
+def test_a_target_too_long_to_exist_is_not_found_never_an_os_error(root: Path, cache: Path, target: str) -> None:
+    """A target with a name of 255 bytes or more (its .tar.gz one longer still), or a path deeper than any there,
+    is not found (before: OSError, File name too long, from is_dir)."""
+    with pytest.raises(FileNotFoundError, match="no model"):
+        model_directory(root, target, cache)
+
+
+def test_a_hostile_archive_named_by_a_target_is_refused_naming_no_directory(root: Path, cache: Path) -> None:
+    """An archive's refusal through a target names the archive as the target does, not by its absolute path."""
+    _tar(root / "evil.tar.gz", [_file("ok"), _file("../escaped")])
+    with pytest.raises(ArchiveError, match=re.escape("evil.tar.gz: member '../escaped'")) as refused:
+        model_directory(root, "evil", cache)
+    assert str(root.parent) not in str(refused.value)
 
 
 def test_a_target_that_is_neither_a_directory_nor_a_file_is_refused(root: Path, cache: Path) -> None:
@@ -534,8 +551,37 @@ def test_a_target_that_is_neither_a_directory_nor_a_file_is_refused(root: Path, 
     "target",
     ["../elsewhere", "/etc", "team/../../elsewhere", "", ".", "team/..", "out", "out/name.txt", "out-archive", "a\0b"],
 )
-def test_a_target_leading_out_of_the_root_is_refused(root: Path, cache: Path, target: str) -> None:
-    """A target that is absolute, climbs out with .., names the root itself, or follows a link out, is refused."""
-    with pytest.raises(ArchiveError, match="TargetModel"):
+def test_a_target_leading_out_of_the_root_is_refused(
+    root: Path, cache: Path, target: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A target that is absolute, climbs out with .., names the root itself, or follows a link out, is refused as
+    outside the root, naming neither the root nor where a link leads; the log says where it led."""
+    with pytest.raises(OutsideRoot, match="TargetModel") as refused:
         model_directory(root, target, cache)
+    assert str(root.parent) not in str(refused.value)
     assert not cache.exists()
+    if target.startswith("out"):
+        assert str(root.parent / "elsewhere") in caplog.text
+
+
+def test_confined_resolves_links_and_roots_before_comparing(tmp_path: Path) -> None:
+    """A path is inside a root after both are resolved: a root that is a link holds its target's contents, a link
+    out of a root is outside, a sibling whose name extends the root's is outside, /proc/self/root leads back to /,
+    a root that does not exist holds nothing, and a relative path starts at the working directory."""
+    (tmp_path / "real" / "m").mkdir(parents=True)
+    (tmp_path / "allowed" / "m").mkdir(parents=True)
+    (tmp_path / "allowed-evil").mkdir()
+    os.symlink(tmp_path / "real", tmp_path / "linked")
+    os.symlink(tmp_path / "allowed-evil", tmp_path / "allowed" / "out")
+    roots = [str(tmp_path / "linked"), str(tmp_path / "allowed"), str(tmp_path / "missing")]
+    real_m = str(tmp_path / "real" / "m")
+    assert confined(str(tmp_path / "linked" / "m"), roots) == real_m
+    assert confined(real_m, roots) == real_m
+    assert confined(str(tmp_path / "allowed"), roots) == str(tmp_path / "allowed")
+    assert confined(str(tmp_path / "allowed" / "m" / ".." / "m"), roots) == str(tmp_path / "allowed" / "m")
+    for outside in ["allowed-evil", "allowed/out", "allowed/../allowed-evil", "linked/..", "missing/m", "."]:
+        assert confined(str(tmp_path / outside), roots) is None, outside
+    assert confined(f"/proc/self/root{tmp_path}/allowed/m", roots) == str(tmp_path / "allowed" / "m")
+    assert confined("/proc/self/root/etc", roots) is None
+    assert confined("m", [str(tmp_path / "allowed")]) is None
+    assert confined("/" + "a" * 5000, roots) is None

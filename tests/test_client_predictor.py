@@ -184,9 +184,11 @@ def test_close_closes_the_connection_of_every_thread(server: Any) -> None:
         assert _established(server.port) == 0
 
 
-def test_predictor_sends_sagemaker_headers(servers: Any, plugin_site: Any) -> None:
-    """Custom attributes come back; inference id and target model reach the server as SageMaker's headers."""
-    server = servers.start(plugins=[])
+def test_predictor_sends_sagemaker_headers(servers: Any, plugin_site: Any, tmp_path: Path) -> None:
+    """Custom attributes come back; inference id and target model reach the server as SageMaker's headers (the
+    target model routed to that model under --model-root)."""
+    (tmp_path / "m.tar.gz").mkdir()
+    server = servers.start("--model-root", str(tmp_path), plugins=[])
     with client.Predictor(_url(server), client.IdentitySerializer(), client.BytesDeserializer()) as predictor:
         answer = predictor.predict(b"x", custom_attributes="a=1", inference_id="id-1", target_model="m.tar.gz")
     assert answer == b"x"

@@ -17,6 +17,7 @@ TREE = {
     "HTTPError": (errors.InferenceServerError, None, False),
     "BadRequest": (errors.HTTPError, 400, False),
     "DecodeError": (errors.BadRequest, 400, True),
+    "Forbidden": (errors.HTTPError, 403, False),
     "NotFound": (errors.HTTPError, 404, False),
     "RequestTimeout": (errors.HTTPError, 408, False),
     "Conflict": (errors.HTTPError, 409, False),

@@ -71,10 +71,11 @@ def rss(pid: int) -> int:
 
 
 @pytest.fixture
-def server(servers: Any, plugin_site: Any) -> Any:
-    """A multi-model server with two workers, its model allocating what its directory says."""
+def server(servers: Any, plugin_site: Any, tmp_path: Path) -> Any:
+    """A multi-model server with two workers, its model allocating what its directory says, loading models from the
+    test's directory."""
     plugin_site.add("mm_model", MODEL)
-    return servers.start("--multi-model", "--workers", "2", plugins=["mm_model"])
+    return servers.start("--multi-model", "--workers", "2", "--allow-model-dir", str(tmp_path), plugins=["mm_model"])
 
 
 def test_ping_answers_with_no_model_loaded_and_the_api_answers_as_sagemaker_says(server: Any, tmp_path: Path) -> None:
@@ -164,7 +165,8 @@ def test_past_max_models_or_the_memory_budget_a_load_is_507(servers: Any, plugin
     """--max-models 2: the third load is 507 until one is unloaded; --max-model-memory 100: a 64 MB model loads, a
     second does not (507), and the worker keeps serving the first."""
     plugin_site.add("mm_model", MODEL)
-    counted = servers.start("--multi-model", "--workers", "2", "--max-models", "2", plugins=["mm_model"])
+    allowed = ("--allow-model-dir", str(tmp_path))
+    counted = servers.start("--multi-model", "--workers", "2", "--max-models", "2", *allowed, plugins=["mm_model"])
     for name in ("a", "b"):
         assert load(counted, name, model_dir(tmp_path / "counted", name)).status == 200
     full = load(counted, "c", model_dir(tmp_path / "counted", "c"))
@@ -172,7 +174,9 @@ def test_past_max_models_or_the_memory_budget_a_load_is_507(servers: Any, plugin
     assert "--max-models" in full.json()["message"]
     assert counted.request("DELETE", "/models/a").status == 200
     assert load(counted, "c", tmp_path / "counted" / "c").status == 200
-    budget = servers.start("--multi-model", "--workers", "1", "--max-model-memory", "100", plugins=["mm_model"])
+    budget = servers.start(
+        "--multi-model", "--workers", "1", "--max-model-memory", "100", *allowed, plugins=["mm_model"]
+    )
     assert load(budget, "big", model_dir(tmp_path / "budget", "big", 64)).status == 200
     over = load(budget, "bigger", model_dir(tmp_path / "budget", "bigger", 64))
     assert over.status == 507
@@ -245,7 +249,10 @@ def test_a_target_model_without_a_model_root_is_a_clear_400(servers: Any) -> Non
 def test_the_model_label_of_the_metrics_is_bounded(servers: Any, plugin_site: Any, tmp_path: Path) -> None:
     """--metrics-max-models 2: invocations of three models are counted under two names and other."""
     plugin_site.add("mm_model", MODEL)
-    server = servers.start("--multi-model", "--workers", "1", "--metrics-max-models", "2", plugins=["mm_model"])
+    server = servers.start(
+        *("--multi-model", "--workers", "1", "--metrics-max-models", "2", "--allow-model-dir", str(tmp_path)),
+        plugins=["mm_model"],
+    )
     for name in ("a", "b", "c"):
         assert load(server, name, model_dir(tmp_path, name)).status == 200
         assert invoke(server, name).status == 200
@@ -304,7 +311,8 @@ def test_a_model_unloaded_through_another_worker_is_never_served_while_this_one_
                 assert release.wait(10)
             return super().all()
 
-    app = App(Settings(model_dir=str(tmp_path), multi_model=True), _plugins.build_manager([], [Plugin()]))
+    settings = Settings(model_dir=str(tmp_path), multi_model=True, allow_model_dir=(str(tmp_path),))
+    app = App(settings, _plugins.build_manager([], [Plugin()]))
     here = MultiModel(app.pipeline, app.settings, Paused(tmp_path / "registry"))
     there = MultiModel(app.pipeline, app.settings, Registry(tmp_path / "registry"))
     (tmp_path / "m").mkdir()

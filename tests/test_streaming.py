@@ -304,7 +304,7 @@ def test_sigterm_lets_an_open_stream_finish(backend: str, streamer: None, server
 def test_a_model_of_a_multi_model_endpoint_streams(streamer: None, servers: Any, tmp_path: Path) -> None:
     """POST /models/{name}/invoke streams like /invocations: server-sent events as they are made."""
     (tmp_path / "m1").mkdir()
-    server = servers.start("--multi-model")
+    server = servers.start("--multi-model", "--allow-model-dir", str(tmp_path))
     loaded = server.request("POST", "/models", orjson.dumps({"model_name": "m1", "url": str(tmp_path / "m1")}), JSON)
     assert loaded.status == 200
     gate = tmp_path / "gate"

@@ -1,7 +1,11 @@
-"""Model archives (``model.tar.gz``) unpacked safely into a cache directory, for multi-model endpoints.
+"""Model archives (``model.tar.gz``) unpacked safely into a cache directory, and model directories kept inside their
+roots, for multi-model endpoints.
 
 A multi-model endpoint names its model per request (``TargetModel``); :func:`model_directory` finds it under the
 model root, as a directory or as a tarball that :func:`unpack` turns into one before ``model_fn(model_dir)`` runs.
+A model loaded by its path (``POST /models``) must lie in one of the directories models may load from:
+:func:`confined` resolves its symbolic links, and the roots' own, before comparing. Messages about a ``TargetModel``
+name paths relative to the model root, never the root itself nor where a link leads (the server's log does).
 
 An archive is not trusted. Each member is checked before anything of it is written, so that a refusal says which
 member and why: no absolute or escaping names, no path through a symbolic link or a file, no duplicates, no devices,
@@ -29,6 +33,7 @@ from __future__ import annotations
 import errno
 import gzip
 import hashlib
+import logging
 import os
 import re
 import shutil
@@ -36,6 +41,7 @@ import stat
 import tarfile
 import tempfile
 import zlib
+from collections.abc import Iterable
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
@@ -44,7 +50,9 @@ from inference_server.errors import InferenceServerError
 if TYPE_CHECKING:
     from typing_extensions import Self
 
-__all__ = ["MAX_BYTES", "MAX_MEMBERS", "ArchiveError", "model_directory", "unpack"]
+__all__ = ["MAX_BYTES", "MAX_MEMBERS", "ArchiveError", "OutsideRoot", "confined", "model_directory", "unpack"]
+
+logger = logging.getLogger("inference_server")
 
 #: Default for the most bytes of files one archive may unpack to: 16 GiB is more than the models that share an instance
 #: on a multi-model endpoint (a larger model is better served by an endpoint of its own), and bounds what one bad
@@ -84,15 +92,32 @@ class ArchiveError(InferenceServerError, ValueError):
     """A model archive, or a ``TargetModel`` naming one, is refused; the message names the archive, member and why."""
 
 
-def unpack(archive: Path, cache: Path, *, max_bytes: int = MAX_BYTES, max_members: int = MAX_MEMBERS) -> Path:
+class OutsideRoot(ArchiveError):
+    """A ``TargetModel`` leads out of the model root: absolute, by ``..``, or through a symbolic link."""
+
+
+#: What stat raises for a path that names nothing: missing, through a file, a name too long to exist, a loop of links.
+_ABSENT = (errno.ENOENT, errno.ENOTDIR, errno.ENAMETOOLONG, errno.ELOOP)
+
+
+def unpack(
+    archive: Path,
+    cache: Path,
+    *,
+    max_bytes: int = MAX_BYTES,
+    max_members: int = MAX_MEMBERS,
+    label: str | None = None,
+) -> Path:
     """The directory under ``cache`` that the tar archive ``archive`` unpacks to, unpacking it unless already there.
 
     Compression (gzip, bzip2, xz or none) is detected. Raises :class:`ArchiveError` for an archive that is not a tar,
-    is damaged, has a member that is unsafe, or exceeds ``max_members`` members or ``max_bytes`` bytes of files.
+    is damaged, has a member that is unsafe, or exceeds ``max_members`` members or ``max_bytes`` bytes of files; its
+    message names the archive as ``label`` (default: its path).
     """
     resolved = Path(archive).resolve(strict=True)
     cache = Path(cache).resolve()
-    with _open_regular(resolved, archive) as file:
+    shown = str(archive) if label is None else label
+    with _open_regular(resolved, shown) as file:
         before = os.fstat(file.fileno())
         destination = cache / _directory_name(resolved, before)
         if destination.is_dir():
@@ -100,10 +125,10 @@ def unpack(archive: Path, cache: Path, *, max_bytes: int = MAX_BYTES, max_member
         cache.mkdir(parents=True, exist_ok=True)
         partial = Path(tempfile.mkdtemp(prefix=f".{destination.name}.", suffix=".partial", dir=cache))
         try:
-            _extract(file, archive, partial, max_bytes=max_bytes, max_members=max_members)
+            _extract(file, shown, partial, max_bytes=max_bytes, max_members=max_members)
             after = os.fstat(file.fileno())
             if (after.st_size, after.st_mtime_ns) != (before.st_size, before.st_mtime_ns):
-                raise ArchiveError(f"{archive} changed while it was being unpacked")
+                raise ArchiveError(f"{shown} changed while it was being unpacked")
             partial.chmod(0o755)
             try:
                 os.rename(partial, destination)
@@ -124,26 +149,48 @@ def model_directory(
     """The model directory for the ``TargetModel`` value ``target``: ``root/target`` if it is a directory, else that
     file or ``root/target.tar.gz`` unpacked into ``cache`` (with the limits of :func:`unpack`).
 
-    Raises :class:`ArchiveError` for a target that leads out of ``root`` (absolute, ``..``, or through a symbolic
-    link), and :class:`FileNotFoundError` naming the paths tried when there is no such model.
+    Raises :class:`OutsideRoot` for a target that leads out of ``root`` (absolute, ``..``, or through a symbolic
+    link; the log says where), :class:`ArchiveError` for an archive refused, and :class:`FileNotFoundError` naming
+    the names tried when there is no such model (also for a name too long to exist). No message names ``root``.
     """
     if not target or "\0" in target or target.startswith("/") or _escapes(target):
-        raise ArchiveError(f"TargetModel {target!r} is not a path inside the model root {root}")
-    candidates = [root / target]
-    if not target.endswith(_SUFFIXES):
-        candidates.append(root / f"{target}.tar.gz")
+        raise OutsideRoot(f"TargetModel {target!r} is not a path inside the model root")
+    names = [target] if target.endswith(_SUFFIXES) else [target, f"{target}.tar.gz"]
     inside = _resolve(root, target)
-    for candidate in candidates:
+    for name in names:
+        candidate = root / name
         real = _resolve(candidate, target)
         if real == inside or not real.is_relative_to(inside):
-            raise ArchiveError(f"TargetModel {target!r} leads out of the model root {root}: {candidate} is {real}")
-        if real.is_dir():
+            logger.warning(
+                "TargetModel %r refused: %s is %s, outside the model root %s", target, candidate, real, inside
+            )
+            raise OutsideRoot(f"TargetModel {target!r} leads out of the model root")
+        try:
+            mode = os.stat(real).st_mode
+        except OSError as error:
+            if error.errno in _ABSENT:
+                continue
+            raise ArchiveError(f"TargetModel {target!r}: {name} cannot be read ({error.strerror})") from None
+        if stat.S_ISDIR(mode):
             return real
-        if real.is_file():
-            return unpack(real, cache, max_bytes=max_bytes, max_members=max_members)
-        if real.exists():
-            raise ArchiveError(f"TargetModel {target!r}: {candidate} is neither a directory nor a file")
-    raise FileNotFoundError(f"no model {target!r} under {root}: tried {', '.join(str(path) for path in candidates)}")
+        if stat.S_ISREG(mode):
+            return unpack(real, cache, max_bytes=max_bytes, max_members=max_members, label=name)
+        raise ArchiveError(f"TargetModel {target!r}: {name} is neither a directory nor a file")
+    raise FileNotFoundError(f"no model {target!r} under the model root: tried {' and '.join(names)}")
+
+
+def confined(path: str, roots: Iterable[str]) -> str | None:
+    """``path`` with its symbolic links resolved, if that is one of ``roots`` or lies inside one (each root resolved
+    too; one that does not exist holds nothing), else None. A relative ``path`` starts at the working directory."""
+    real = os.path.realpath(path)
+    for root in roots:
+        try:
+            base = os.path.realpath(root, strict=True)
+        except (OSError, ValueError):
+            continue
+        if os.path.commonpath([real, base]) == base:
+            return real
+    return None
 
 
 def _resolve(path: Path, target: str) -> Path:
@@ -154,7 +201,7 @@ def _resolve(path: Path, target: str) -> Path:
         raise ArchiveError(f"TargetModel {target!r}: {error}") from None
 
 
-def _open_regular(path: Path, archive: Path) -> IO[bytes]:
+def _open_regular(path: Path, archive: str) -> IO[bytes]:
     """``path`` opened for reading, unless it is not a regular file (a FIFO is refused without waiting for a writer)."""
     descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     if not stat.S_ISREG(os.fstat(descriptor).st_mode):
@@ -188,7 +235,7 @@ def _directory_name(resolved: Path, status: os.stat_result) -> str:
     return f"{stem}-{hashlib.sha256(key).hexdigest()[:16]}"
 
 
-def _extract(file: IO[bytes], archive: Path, into: Path, *, max_bytes: int, max_members: int) -> None:
+def _extract(file: IO[bytes], archive: str, into: Path, *, max_bytes: int, max_members: int) -> None:
     """Check and write every member of the tar archive read from ``file`` into the empty directory ``into``."""
     tree = _Tree(archive, max_bytes, max_members)
     try:
@@ -207,7 +254,7 @@ def _extract(file: IO[bytes], archive: Path, into: Path, *, max_bytes: int, max_
     tree.check_links()
 
 
-def _open(file: IO[bytes], archive: Path) -> tarfile.TarFile:
+def _open(file: IO[bytes], archive: str) -> tarfile.TarFile:
     """The tar archive read from ``file``, of whichever compression ``tarfile`` detects."""
     try:
         return tarfile.open(fileobj=file, mode="r:*", tarinfo=_Header)
@@ -243,7 +290,7 @@ def _write(tar: tarfile.TarFile, member: tarfile.TarInfo, into: Path, path: Part
             os.fchmod(out.fileno(), 0o644 if mode is None else mode)
 
 
-def _drain(tar: tarfile.TarFile, limit: int, archive: Path) -> None:
+def _drain(tar: tarfile.TarFile, limit: int, archive: str) -> None:
     """Read what follows the end of the tar, so that a gzip stream's checksum and length are verified."""
     allowed = max(limit, _CHUNK)
     left = allowed
@@ -284,7 +331,7 @@ class _Header(tarfile.TarInfo):
 class _Tree:
     """What an archive has put where so far, for the checks that depend on earlier members."""
 
-    def __init__(self, archive: Path, max_bytes: int, max_members: int) -> None:
+    def __init__(self, archive: str, max_bytes: int, max_members: int) -> None:
         self.archive = archive
         self.max_bytes = max_bytes
         self.max_members = max_members

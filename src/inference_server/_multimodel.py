@@ -15,6 +15,11 @@ and unloads models through the container's ``/models`` API and invokes them at `
   per worker. ``--max-models`` bounds the models registered; ``--max-model-memory`` (MB) bounds what one worker's
   loaded models cost together. Past either, a load answers 507, which tells SageMaker to unload others first; so does
   a ``MemoryError`` from ``model_fn``.
+- **Loads stay inside their roots.** A load's directory, its symbolic links resolved, must be (inside) SageMaker's
+  ``/opt/ml/models``, ``--model-root`` or an ``--allow-model-dir``: anything else is a 403 whose answer names no
+  directory (the log names the allowed ones), so that a request cannot make ``model_fn`` run over ``/etc`` or over
+  a file an attacker put anywhere. URLs (``s3://``, ``file://``) are not fetched: SageMaker copies a model to
+  ``/opt/ml/models`` before it loads it. A model's name is one path segment (:data:`NAME_RULE`).
 - ``--model-root DIR`` serves SageMaker Runtime's ``TargetModel`` locally, as SageMaker's front end does from S3:
   ``DIR/<target>`` (a directory, or a ``.tar.gz`` unpacked safely into a cache first) is loaded on first use, and the
   least recently used of those models are unloaded to make room within the same limits.
@@ -31,6 +36,7 @@ import ctypes.util
 import gc
 import logging
 import os
+import re
 import shutil
 import tempfile
 import threading
@@ -41,8 +47,8 @@ from typing import TYPE_CHECKING, Any
 
 from inference_server import _archive, _models, metrics
 from inference_server._registry import WATCH_INTERVAL, Busy, Registry
-from inference_server._settings import Settings
-from inference_server.errors import BadRequest, Conflict, InsufficientStorage, ModelLoadError, NotFound
+from inference_server._settings import MULTI_MODEL_DIR, Settings
+from inference_server.errors import BadRequest, Conflict, Forbidden, InsufficientStorage, ModelLoadError, NotFound
 
 if TYPE_CHECKING:
     from inference_server._pipeline import Pipeline
@@ -55,6 +61,12 @@ _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _M_MMAP_THRESHOLD = -3
 #: Models listed per page of ``GET /models`` unless ``page_size`` says otherwise.
 PAGE_SIZE = 1000
+#: What a model's name (``POST /models``, the v2 repository) may be: one path segment, as a directory's name, that
+#: logs and metrics' labels show as it is.
+NAME_RULE = "1 to 255 letters, digits, '.', '_' or '-', starting with a letter or digit"
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}")
+#: A URL's scheme, as ``s3://`` or ``file://`` start it.
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:")
 
 
 def resident_bytes() -> int:
@@ -97,6 +109,9 @@ class MultiModel:
         self.max_models = settings.max_models
         self.budget = settings.max_model_memory * _MB
         self.root = Path(settings.model_root).resolve() if settings.model_root else None
+        #: The directories models may load from by path (each resolved when a load is checked).
+        self.allowed = (MULTI_MODEL_DIR, *([settings.model_root] if settings.model_root else []),
+                        *settings.allow_model_dir)  # fmt: skip
         #: Where ``--model-root`` tarballs are unpacked (shared by the workers; a private directory made on first use
         #: when None).
         self._cache = cache
@@ -117,9 +132,10 @@ class MultiModel:
     # -- the model management API --------------------------------------------------------------------------------
     def load(self, name: str, url: str) -> None:
         """Load ``name`` from the directory ``url`` here and register it for every worker (see the module's text)."""
-        if not os.path.isdir(url):
-            raise NotFound(f"the model directory {url} does not exist" if not os.path.exists(url) else
-                           f"{url} is not a directory")  # fmt: skip
+        if not _NAME.fullmatch(name):
+            shown = repr(name[:64]) + ("..." if len(name) > 64 else "")
+            raise BadRequest(f"the model name {shown} is not {NAME_RULE}: one path segment")
+        self._directory(url)
         try:
             with self.registry.claim(name):
                 if self.max_models and self.registry.count() > self.max_models:  # this load's claim counts
@@ -193,7 +209,7 @@ class MultiModel:
             self._drop(key)
             raise NotFound(f"no model named {name!r} is loaded (load it with POST /models)")
         try:
-            return self._load(key, found.url)
+            return self._load(key, self._directory(found.url))
         finally:
             self._missed(started)
 
@@ -231,8 +247,40 @@ class MultiModel:
             return str(_archive.model_directory(self.root, name, self._unpacked()))
         except FileNotFoundError as exc:
             raise NotFound(str(exc)) from None
+        except _archive.OutsideRoot as exc:
+            raise Forbidden(str(exc)) from None
         except _archive.ArchiveError as exc:
             raise BadRequest(str(exc)) from None
+
+    def _directory(self, url: str) -> str:
+        """``url`` if it is a directory in (or one of) the directories models may load from, its symbolic links
+        resolved: :class:`Forbidden` outside them (naming them in the log only), :class:`BadRequest` for a URL or a
+        NUL byte, :class:`NotFound` for no directory there."""
+        if "\0" in url:
+            raise BadRequest("the model's url holds a NUL byte")
+        if _SCHEME.match(url):
+            raise BadRequest(
+                "the model's url is not fetched: give the path of a local directory (SageMaker copies a model from S3 "
+                f"to {MULTI_MODEL_DIR} before it loads it; s3://, http:// and file:// URLs are not read)"
+            )
+        unpacked = (str(self._cache),) if self._cache is not None else ()  # tarballs of the model root, unpacked
+        real = _archive.confined(url, (*self.allowed, *unpacked))
+        if real is None:
+            roots = ", ".join(os.path.realpath(root) for root in self.allowed)
+            logger.warning(
+                "Multi-model: refused to load %r: it is outside the directories models load from (%s); "
+                "--allow-model-dir adds one",
+                url,
+                roots,
+            )
+            raise Forbidden(
+                "the model directory is outside the directories this server loads models from (its log names them; "
+                "--allow-model-dir adds one)"
+            )
+        if not os.path.isdir(real):
+            raise NotFound("no model directory is at that url" if not os.path.exists(real) else
+                           "the model's url is not a directory")  # fmt: skip
+        return url
 
     def _unpacked(self) -> Path:
         if self._cache is None:

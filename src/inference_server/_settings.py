@@ -20,6 +20,8 @@ T = TypeVar("T")
 
 #: Where SageMaker puts the model's files.
 DEFAULT_MODEL_DIR = "/opt/ml/model"
+#: Where SageMaker puts the models of a multi-model endpoint (``/opt/ml/models/<name>/model``): models may load from it.
+MULTI_MODEL_DIR = "/opt/ml/models"
 #: Our own variable for the model directory (SageMaker itself always uses /opt/ml/model).
 MODEL_DIR_ENV = "INFERENCE_SERVER_MODEL_DIR"
 
@@ -130,10 +132,18 @@ def _setting(option: str, value: object, environ: Mapping[str, str], variable: V
         if variable.env is None:
             return default
         return _from_env(environ, variable.env, variable.parse, default)  # type: ignore[arg-type]
+    text = os.pathsep.join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)  # a repeated option
     try:
-        return variable.parse(str(value))  # type: ignore[return-value]
+        return variable.parse(text)  # type: ignore[return-value]
     except ValueError as exc:
         raise ConfigurationError(f"--{option.replace('_', '-')}={value!r} is invalid: {exc}") from None
+
+
+def _directories(text: str) -> tuple[str, ...]:
+    """Directories separated by ``os.pathsep``, as ``PATH`` lists them (empty entries skipped)."""
+    if "\0" in text:
+        raise ValueError("a directory's name cannot hold a NUL byte")
+    return tuple(part for part in text.split(os.pathsep) if part)
 
 
 def _port(text: str) -> int:
@@ -172,6 +182,8 @@ class Variable:
     choices: tuple[str, ...] | None = None
     #: An on/off switch: ``--option`` alone turns it on.
     flag: bool = False
+    #: An option given once per value (the variable separates the values with ``os.pathsep``).
+    repeat: bool = False
 
 
 def _variable(default: T, env: str | None, parse: Callable[[str], object], help: str, **more: Any) -> T:
@@ -407,6 +419,17 @@ class Settings:
         "POST /endpoints/NAME/invocations, loaded on first use as SageMaker does from S3",
         default_text="none",
     )
+    #: Directories besides /opt/ml/models and ``model_root`` that the model management API may load models from.
+    allow_model_dir: tuple[str, ...] = _variable(
+        (),
+        "INFERENCE_SERVER_ALLOW_MODEL_DIRS",
+        _directories,
+        f"a directory that POST /models and the v2 repository may load models from (multi-model), besides "
+        f"{MULTI_MODEL_DIR} and --model-root; repeat the option for more (the variable: directories separated by "
+        f"{os.pathsep!r}). Any other directory, or a symbolic link leading out of these, is refused with 403",
+        default_text="none",
+        repeat=True,
+    )
     max_models: int = _variable(
         0,
         "INFERENCE_SERVER_MAX_MODELS",
@@ -499,7 +522,11 @@ class Settings:
     def environ(self) -> dict[str, str]:
         """The environment variables that make :meth:`from_env` give these settings again (in worker processes)."""
         values = {variable.env: getattr(self, field) for field, variable in VARIABLES.items() if variable.env}
-        exported = {name: str(value) for name, value in values.items() if value is not None}
+        exported = {
+            name: os.pathsep.join(value) if isinstance(value, tuple) else str(value)
+            for name, value in values.items()
+            if value is not None
+        }
         if self.given:
             exported[GIVEN_ENV] = ",".join(sorted(self.given))
         return exported

@@ -141,6 +141,8 @@ def _add_setting(command: argparse.ArgumentParser, field: str) -> None:
         command.add_argument(option, action="store_const", const="true", help=help)
         negative = f"--no-{field.replace('_', '-')}"
         command.add_argument(negative, dest=field, action="store_const", const="false", help=f"turn {option} off")
+    elif variable.repeat:
+        command.add_argument(option, action="append", help=help)
     else:
         command.add_argument(option, choices=variable.choices, help=help)
 

@@ -11,6 +11,7 @@ Catch :class:`InferenceServerError` for anything this package raises on purpose:
     └── HTTPError                         an answer with a status (``code``) and a message (``description``)
         ├── BadRequest            400
         │   └── DecodeError (ValueError)  a body the built-in codecs cannot decode
+        ├── Forbidden             403   a model directory outside those the server loads models from
         ├── NotFound              404   no such model (multi-model endpoints), or its directory is missing
         ├── RequestTimeout        408   the client took longer than the read timeout to send its request
         ├── Conflict              409   a model of that name is loaded already
@@ -41,6 +42,7 @@ __all__ = [
     "Conflict",
     "DecodeError",
     "EncodeError",
+    "Forbidden",
     "GatewayTimeout",
     "HTTPError",
     "HookError",
@@ -126,6 +128,14 @@ class BadRequest(HTTPError):
 
 class DecodeError(BadRequest, ValueError):
     """400: the body is not valid for its declared media type."""
+
+
+class Forbidden(HTTPError):
+    """403: a model directory outside those the server may load models from (``--model-root``,
+    ``--allow-model-dir``, SageMaker's ``/opt/ml/models``); the answer names none of them, the server's log does."""
+
+    code = 403
+    description = "The model directory is outside the directories this server loads models from."
 
 
 class NotFound(HTTPError):

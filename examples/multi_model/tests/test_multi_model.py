@@ -57,6 +57,7 @@ def test_a_multi_model_app_loads_invokes_and_unloads_each_model(
     """Through SageMaker's /models API in-process: each model answers with its own coefficients; an unloaded model
     is 404 and model_unload_fn ran for it, while the other one still answers."""
     monkeypatch.setenv("SAGEMAKER_MULTI_MODEL", "true")
+    monkeypatch.setenv("INFERENCE_SERVER_ALLOW_MODEL_DIRS", str(models_dir))
     client = testing.client()
     assert client.get("/ping").status_code == 200
     for name in SCORES:

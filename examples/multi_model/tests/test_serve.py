@@ -25,7 +25,7 @@ def test_two_workers_serve_each_model_list_it_and_unload_it_everywhere(
     """``serve --multi-model --workers 2``: /ping 200 with no model; after two loads, 160 invocations over new
     connections (both workers) all get their model's score; GET /models lists both with what they cost each worker;
     after DELETE the model is 404 everywhere, model_unload_fn ran in every worker that held it, the other answers."""
-    server = serve("--multi-model", "--workers", "2")
+    server = serve("--multi-model", "--workers", "2", "--allow-model-dir", str(models_dir))
     assert server.request("GET", "/ping").status == 200
     assert server.request("GET", "/models").json() == {"models": []}
     for name in SCORE:
@@ -72,10 +72,12 @@ def _logged_by(log: str, message: str) -> set[int]:
 def test_sagemaker_multi_model_turns_the_mode_on_and_a_broken_model_is_not_loaded(
     serve: Callable[..., Any], models_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """With SAGEMAKER_MULTI_MODEL=true (as SageMaker sets it) and no option, /models is served; a model whose
+    """With SAGEMAKER_MULTI_MODEL=true (as SageMaker sets it) and no option, /models is served (loading from the
+    directory INFERENCE_SERVER_ALLOW_MODEL_DIRS allows besides SageMaker's /opt/ml/models); a model whose
     model.json is broken answers 503 naming the file and is not registered; a missing directory is 404; rows of the
     wrong width are 400."""
     monkeypatch.setenv("SAGEMAKER_MULTI_MODEL", "true")
+    monkeypatch.setenv("INFERENCE_SERVER_ALLOW_MODEL_DIRS", str(models_dir))
     server = serve("--workers", "1")
     broken = models_dir / "broken"
     broken.mkdir()

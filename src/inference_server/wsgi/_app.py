@@ -23,7 +23,15 @@ from inference_server._settings import Settings
 from inference_server.errors import BadRequest, URITooLong
 from inference_server.wsgi import models, prometheus, runtime, sagemaker, v2
 from inference_server.wsgi._body import BODY_BYTES, unsupported_coding
-from inference_server.wsgi._invoke import MODEL, Backend, Lifecycle, Target, WorkerState, target_model
+from inference_server.wsgi._invoke import (
+    MODEL,
+    TARGET_MODEL_HEADERS,
+    Backend,
+    Lifecycle,
+    Target,
+    WorkerState,
+    target_model,
+)
 from inference_server.wsgi._replies import STATUS_LINES, Body, Handler, Reply, Request, close, error_for
 
 if TYPE_CHECKING:
@@ -34,6 +42,8 @@ if TYPE_CHECKING:
 __all__ = ["App", "Backend", "create_app", "warmup"]
 
 _REQUEST_ID = re.compile(r"[\x21-\x7e]{1,200}")
+#: SageMaker's InvokeEndpoint ``TargetModel``: 1 to 1024 printable ASCII characters, the first not a space.
+_TARGET_MODEL = re.compile(r"[\x21-\x7e][\x20-\x7e]{0,1023}")
 CUSTOM_ATTRIBUTES = "X-Amzn-SageMaker-Custom-Attributes"
 #: Bytes of path and query string a request may have (414 beyond).
 MAX_URL_BYTES = 8192
@@ -168,6 +178,32 @@ class App:
             load = self.multi_model.target_model if target_model else self.multi_model.model
             target = Target(self.pipeline, functools.partial(self._keep_target, key, load, name))
         return target
+
+    def invoked(self, request: Request) -> Target:
+        """What ``/invocations`` (and SageMaker Runtime's route) runs: the app's model, or the request's ``TargetModel``
+        under ``--model-root``. A ``TargetModel`` is never ignored: one that SageMaker's InvokeEndpoint would refuse
+        is a 400, and so is any on a server of one model (SageMaker refuses it for an endpoint of one model).
+        granian hands the app a header value that is not visible ASCII as an empty one; both are refused alike."""
+        environ = request.environ
+        for header in TARGET_MODEL_HEADERS:
+            name = environ.get(header)
+            if name is not None:
+                break
+        else:
+            return self.target
+        if not _TARGET_MODEL.fullmatch(name):
+            raise BadRequest(
+                "the TargetModel (X-Amzn-SageMaker-Target-Model) must be 1 to 1024 printable ASCII characters, the "
+                "first not a space, as SageMaker's InvokeEndpoint requires"
+            )
+        if self.multi_model is None:
+            raise BadRequest(
+                f"TargetModel {name!r} was given, but this server serves one model (SageMaker refuses a TargetModel "
+                "for an endpoint of one model): start it with --model-root DIR (DIR/<TargetModel> holds each model) "
+                "to serve a multi-model endpoint"
+            )
+        environ[MODEL] = name
+        return self.model_target(name, target_model=True)
 
     def _keep_target(self, key: tuple[str, bool], load: Callable[[str], Any], name: str) -> Any:
         """Load model ``name`` and, now that it exists, remember its target."""

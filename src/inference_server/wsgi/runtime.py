@@ -13,9 +13,8 @@ from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
 from inference_server import codecs
-from inference_server.errors import BadRequest
 from inference_server.wsgi import _eventstream
-from inference_server.wsgi._invoke import MODEL, StreamFailed, Target, target_model
+from inference_server.wsgi._invoke import StreamFailed
 from inference_server.wsgi._replies import Reply, Request, close, error_for, json_reply
 
 if TYPE_CHECKING:
@@ -27,23 +26,10 @@ logger = logging.getLogger("inference_server")
 def register(app: App) -> None:
     """Add the runtime's routes to ``app``."""
 
-    def target(request: Request) -> Target:
-        """The model invoked: the app's own, or the ``TargetModel`` under ``--model-root``."""
-        name = target_model(request.environ)
-        if name is None:
-            return app.target
-        models = app.multi_model
-        if models is None:
-            raise BadRequest(
-                f"TargetModel {name!r} was given, but this server serves one model: start it with --model-root DIR "
-                "(DIR/<TargetModel> holds each model) to serve a multi-model endpoint"
-            )
-        request.environ[MODEL] = name
-        return app.model_target(name, target_model=True)
-
     def invocations(request: Request) -> Reply:
-        """``/invocations`` as SageMaker Runtime answers it: a container error becomes 424 ``ModelError``."""
-        invoked = target(request)
+        """``/invocations`` as SageMaker Runtime answers it: a container error becomes 424 ``ModelError``; a
+        ``TargetModel`` refused before any model is involved is SageMaker Runtime's own 400, as its ValidationError."""
+        invoked = app.invoked(request)
         try:
             status, headers, body = app.lifecycle.invoke(request, invoked)
         except Exception as exc:

@@ -79,7 +79,7 @@ class _Handlers:
         return json_reply(503, {"message": reason, "request_id": request.request_id, "status": 503})
 
     def invocations(self, request: Request) -> Reply:
-        return self.app.lifecycle.invoke(request, self.app.target)
+        return self.app.lifecycle.invoke(request, self.app.invoked(request))
 
     def execution_parameters(self, request: Request) -> Reply:
         return json_reply(200, self.app.pipeline.execution_parameters)
