@@ -112,7 +112,8 @@ def run(
     # the model, the OOM killer) fails with the reason and a new actor takes the dead one's place; retried, it would
     # kill actor after actor (Ray Data's actor pools restart and retry without end).
     actor = ray.remote(num_cpus=1)(_Worker)
-    waiting, idle = list(reversed(tasks)), [actor.remote(str(root), str(output), options) for _ in range(workers or 2)]
+    size = min(workers or 2, len(tasks))  # no actor without a task
+    waiting, idle = list(reversed(tasks)), [actor.remote(str(root), str(output), options) for _ in range(size)]
     running: dict[Any, tuple[Task, Any]] = {}
     try:
         while waiting or running:
