@@ -6,13 +6,17 @@ same forecast image run as KServe runs a custom predictor, answering the Open In
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import hashlib
 import http.client
+import re
 import shutil
 import subprocess
 import tempfile
 import time
 import uuid
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +28,7 @@ import pytest
 import sseclient
 import token_stream
 import tritonclient.http as triton
+from packaging.specifiers import SpecifierSet
 
 from tests.conftest import free_port, local_aws_env
 
@@ -68,11 +73,10 @@ KSERVE_USER_ENV = {"INFERENCE_SERVER_MODEL_DIR": KSERVE_MODEL_DIR, "INFERENCE_SE
 RUN = ["--runtime", "runc"]
 LIMITS = ["--ulimit", "nofile=20000:20000", "--ulimit", "nproc=32768:32768"]
 
-pytestmark = [
-    pytest.mark.skipif(shutil.which("podman") is None, reason="podman is not installed (.ci/run installs it)"),
-    pytest.mark.skipif(shutil.which("runc") is None, reason="runc is not installed (.ci/run installs it)"),
-    pytest.mark.timeout(600),
-]
+#: What the recipe installs from the package index by default (its ARG in both stages).
+VERSION_ARG = re.compile(r'^ARG INFERENCE_SERVER_VERSION="([^"]*)"$', re.MULTILINE)
+
+pytestmark = [pytest.mark.timeout(600)]
 
 
 def podman(*args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -85,7 +89,11 @@ def podman(*args: str, timeout: float = 300, check: bool = True) -> subprocess.C
 
 @pytest.fixture(scope="module")
 def base() -> str:
-    """The local base image, made once per machine with mmdebstrap (about 40 s) and kept."""
+    """The local base image, made once per machine with mmdebstrap (about 40 s) and kept; every test that builds or
+    runs an image needs it, so it skips them where podman or runc is missing."""
+    for tool in ("podman", "runc"):
+        if shutil.which(tool) is None:
+            pytest.skip(f"{tool} is not installed (.ci/run installs it)")
     if podman("image", "exists", BASE, check=False).returncode == 0:
         return BASE
     if shutil.which("mmdebstrap") is None:
@@ -123,6 +131,79 @@ def multi_model_image(base: str) -> str:
 def streaming_image(base: str) -> str:
     """The streaming example's image (the forecast's base and context: only its wheels and their install differ)."""
     return build(base, "examples/streaming", STREAMING_IMAGE)
+
+
+def _wheel(directory: Path, name: str, version: str) -> Path:
+    """A wheel of distribution ``name`` at ``version`` in ``directory``: one empty module, no dependencies."""
+    module = name.replace("-", "_")
+    dist_info = f"{module}-{version}.dist-info"
+    files = {
+        f"{module}/__init__.py": b"",
+        f"{dist_info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
+        f"{dist_info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = "".join(
+        f"{path},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()},{len(data)}\n"
+        for path, data in files.items()
+    )
+    path = directory / f"{module}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as wheel:
+        for name_in_wheel, data in {**files, f"{dist_info}/RECORD": f"{record}{dist_info}/RECORD,,\n".encode()}.items():
+            wheel.writestr(name_in_wheel, data)
+    return path
+
+
+def build_failure(base: str, tmp_path: Path, *args: str) -> str:
+    """Build the recipe from a context of one plugin wheel, pip's index a directory (a PEP 503 simple index) holding
+    inference-server 1.3.3, PyPI's newest today, and nothing else; the build must fail: its output."""
+    context, index = tmp_path / "context", tmp_path / "index"
+    (index / "inference-server").mkdir(parents=True)
+    context.mkdir(exist_ok=True)
+    old = _wheel(index / "inference-server", "inference-server", "1.3.3")
+    (index / "inference-server" / "index.html").write_text(f'<a href="{old.name}">{old.name}</a>\n')  # PEP 503
+    plugin = _wheel(context, "tiny-plugin", "1.0")
+    arguments = ["--build-arg", f"BASE={base}", "--build-arg", f"PLUGIN={plugin.name}", *args]
+    arguments += ["--build-arg", "INDEX_URL=file:///index", "-v", f"{index}:/index:ro"]
+    dockerfile = str(ROOT / "container" / "Dockerfile")
+    done = podman("build", "-f", dockerfile, *arguments, str(context), timeout=600, check=False)
+    output = done.stdout + done.stderr
+    assert done.returncode != 0, output[-3000:]
+    assert "inference-server: not found" not in output
+    return output
+
+
+def test_the_recipe_is_for_this_checkouts_major_version() -> None:
+    """The version the recipe installs from the index by default (both stages alike) takes this checkout's version,
+    a pre-release as it is now, and no other major version."""
+    wanted = VERSION_ARG.findall((ROOT / "container" / "Dockerfile").read_text())
+    version = re.search(r'^version = "([^"]+)"$', (ROOT / "pyproject.toml").read_text(), re.MULTILINE)
+    assert version is not None
+    assert len(wanted) == 2, wanted
+    assert len(set(wanted)) == 1, wanted
+    major = int(version[1].split(".")[0])
+    specifier = SpecifierSet(wanted[0])
+    assert specifier.contains(version[1], prereleases=True)
+    assert not any(specifier.contains(v, prereleases=True) for v in (f"{major - 1}.99", f"{major + 1}.0.0.dev0"))
+
+
+def test_the_recipe_refuses_the_index_older_major_version(base: str, tmp_path: Path) -> None:
+    """Without INFERENCE_SERVER, from an index whose newest inference-server is 1.3.3, the build fails naming the
+    versions it wanted and found, instead of installing 1.3.3 (which has no inference-server command)."""
+    output = build_failure(base, tmp_path)
+    assert "from versions: 1.3.3" in output, output[-3000:]
+    assert "error: no wheels of inference-server>=2.0.0.dev0,<3 and tiny_plugin-1.0-py3-none-any.whl" in output
+
+
+def test_the_recipe_refuses_another_version_given_as_inference_server(base: str, tmp_path: Path) -> None:
+    """INFERENCE_SERVER naming another version's source (here a wheel of 1.9) fails the build saying which version
+    was installed and which one the recipe is for."""
+    (tmp_path / "context").mkdir()
+    old = _wheel(tmp_path / "context", "inference-server", "1.9.0")
+    output = build_failure(base, tmp_path, "--build-arg", f"INFERENCE_SERVER={old.name}")
+    expected = (
+        "error: inference-server 1.9.0 is installed, not inference-server>=2.0.0.dev0,<3 (INFERENCE_SERVER_VERSION)"
+    )
+    assert expected in output, output[-3000:]
 
 
 def labels(image: str) -> dict[str, str]:
