@@ -79,6 +79,19 @@ def test_without_the_extra_the_error_names_it(tmp_path: Path) -> None:
     assert "pip install 'inference-server[dask]'" in result.stderr
 
 
+def test_without_ray_the_error_names_the_extra(tmp_path: Path) -> None:
+    """Without Ray installed, --engine ray stops with the pip command of the extra (exit 1)."""
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.txt").write_bytes(b"x\n")
+    code = (
+        "import sys; sys.modules['ray'] = None; from inference_server import cli; "
+        f"sys.exit(cli.main(['transform', {str(tmp_path / 'in')!r}, {str(tmp_path / 'out')!r}, '--engine', 'ray']))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert "--engine ray needs Ray: pip install 'inference-server[ray]'" in result.stderr
+
+
 def test_an_engine_address_without_dask_is_a_usage_error(tmp_path: Path) -> None:
     """--engine-address belongs to --engine dask: exit 2 saying so."""
     (tmp_path / "in").mkdir()
