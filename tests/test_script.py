@@ -791,7 +791,8 @@ def test_two_scripts_with_same_named_siblings_each_import_their_own(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Two model directories whose code/inference.py each import a utils.py of their own, loaded in one process:
-    each script gets its own utils, at its import and when its functions run, whichever was loaded first."""
+    each script gets its own utils, at its import and when its functions run, whichever was loaded first; a module
+    imported already from elsewhere (json) stays the one they get, as in the toolkit."""
     import werkzeug.test
 
     from inference_server import create_app
@@ -807,6 +808,7 @@ def test_two_scripts_with_same_named_siblings_each_import_their_own(
             code.mkdir(parents=True)
             (code / "inference.py").write_text(textwrap.dedent(WITH_SIBLING))
             (code / "utils.py").write_text(f"NAME = {name!r}\n")
+            (code / "json.py").write_text("raise ImportError('the json of the standard library, imported already')\n")
             apps[name] = create_app(model_dir=str(tmp_path / name))
         for name, app in apps.items():
             response = werkzeug.test.Client(app).post("/invocations", data=b"{}", content_type="application/json")

@@ -417,6 +417,9 @@ class Siblings:
             module, package = modules.get(name), modules.get(top)
             if module is not None and package is not None and all(hasattr(module, item) for item in fromlist or ()):
                 return module if fromlist else package
+            present = sys.modules.get(top)
+            if present is not None and present not in _from_scripts:  # not a script's: what the toolkit gives too
+                return builtins.__import__(name, globals, locals, fromlist or (), level)
             return self.run(lambda: builtins.__import__(name, globals, locals, fromlist or (), level))
 
         return {**vars(builtins), "__import__": __import__}
