@@ -310,3 +310,6 @@ def test_plugins_script_shows_the_script_alone_unless_plugins_are_named(tmp_path
         )
     without_script = _run("plugins", "--plugins", "")
     assert without_script.stdout.splitlines()[0] == "plugins: none (the built-in hooks only)"
+    missing = _run("plugins", "--script", str(script), "--plugins", "nothing_here")
+    assert missing.returncode == 1
+    assert "--plugins (INFERENCE_SERVER_PLUGINS) names nothing_here, which no installed package" in missing.stderr

@@ -82,7 +82,7 @@ def build_manager(names: Collection[str] | None = None, plugins: Iterable[object
         missing = set(names) - set(entry_points.names)
         if missing:
             raise PluginError(
-                f"{PLUGINS_ENV} names {', '.join(sorted(missing))}, which no installed package provides "
+                f"--plugins ({PLUGINS_ENV}) names {', '.join(sorted(missing))}, which no installed package provides "
                 f"(installed plugins: {', '.join(sorted(entry_points.names)) or 'none'})"
             )
     for entry_point in entry_points:
