@@ -142,6 +142,50 @@ def test_ray_output_is_the_local_engines_byte_for_byte(tmp_path: Path, servers: 
     assert len(loads) == len(set(loads)) <= 2
 
 
+FILE_TRANSFORMER = """
+import sys
+
+import ray
+import ray.data
+
+from inference_server.transform import TransformOptions
+from inference_server.transform.ray import FileTransformer
+
+root, output = sys.argv[1], sys.argv[2]
+ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
+try:
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    files = ray.data.from_items([{"path": f"{root}/{name}", "name": name} for name in ("a.csv", "b.csv")])
+    options = TransformOptions(content_type="text/csv", split_type="Line", model_dir=root)
+    done = files.map_batches(
+        FileTransformer,
+        fn_constructor_args=(root, output, options),
+        batch_size=1,
+        compute=ray.data.ActorPoolStrategy(size=1),
+    ).take_all()
+finally:
+    ray.shutdown()
+for row in sorted(done, key=lambda row: row["name"]):
+    print(row["name"], row["records"], row["failed"])
+"""
+
+
+def test_file_transformer_is_a_ray_data_udf(tmp_path: Path, servers: Any, plugin_site: Any) -> None:
+    """FileTransformer, as the ray module's docstring uses it in a Ray Data pipeline of one's own: one row a file,
+    with its counts and why it failed, the files transformed as the engines do."""
+    plugin_site.add("loading", LOADING)
+    job = Job(tmp_path, servers)
+    job.write("a.csv", b"x,1\ny,2\n")
+    job.write("b.csv", b"fail\n")
+    script = [sys.executable, "-c", FILE_TRANSFORMER, str(job.input), str(job.output)]
+    result = subprocess.run(script, env=job.env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = result.stdout.splitlines()
+    assert rows[0] == "a.csv 2 "
+    assert rows[1].startswith("b.csv 0 b.csv: the request of records 0 to 0 failed: predict_fn raised ValueError")
+    assert job.out("a.csv") == b"X,1\nY,2\n"
+
+
 SUMMING = """
     import os
 

@@ -44,11 +44,11 @@ _COUNTS = ("skipped", "records", "requests", "bytes_in", "bytes_out")
 class FileTransformer:
     """A Ray Data callable class: rows with ``path`` and ``name`` (and for a part of a file, ``part`` and ``parts``)
     in, one row each out (its counts, ``failed``: the reason, or ``""``). The model is loaded when the actor starts
-    and kept."""
+    and kept; the options left unset are the hooks' execution parameters, as in a job."""
 
     def __init__(self, root: str, output: str, options: TransformOptions) -> None:
-        self.root, self.output, self.options = root, output, options
-        kept_predictor(options)  # this actor's model, the same per-process cache as the other engines
+        predictor = kept_predictor(options)  # this actor's model, the same per-process cache as the other engines
+        self.root, self.output, self.options = root, output, options.resolved(predictor.execution_parameters)
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, list[Any]]:
         rows: dict[str, list[Any]] = {"name": [], "part": [], "failed": [], **{count: [] for count in _COUNTS}}
