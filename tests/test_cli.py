@@ -308,6 +308,9 @@ def test_plugins_script_shows_the_script_alone_unless_plugins_are_named(tmp_path
         assert f"hook predict_fn: script:{script} (the script's), then shipping_forecast, then built-in" in (
             named.stdout
         )
+    container = _run("plugins", "--script-defaults", "pytorch")  # a container's defaults alone are served alone too
+    assert container.stdout.splitlines()[0] == "plugin defaults:pytorch (the pytorch container's defaults, no script)"
+    assert "shipping_forecast" not in container.stdout
     without_script = _run("plugins", "--plugins", "")
     assert without_script.stdout.splitlines()[0] == "plugins: none (the built-in hooks only)"
     missing = _run("plugins", "--script", str(script), "--plugins", "nothing_here")
