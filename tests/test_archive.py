@@ -538,13 +538,15 @@ def test_a_hostile_archive_named_by_a_target_is_refused_naming_no_directory(root
 
 
 def test_a_target_that_is_neither_a_directory_nor_a_file_is_refused(root: Path, cache: Path) -> None:
-    """A target that is a FIFO is refused, not opened; a loop of links is refused (not found, from Python 3.13)."""
+    """A target that is a FIFO is refused, not opened; a loop of links is not found (as Python 3.13 has it), said
+    without the root's path (Python 3.11's RuntimeError names it)."""
     os.mkfifo(root / "pipe")
     os.symlink("loop", root / "loop")
     with pytest.raises(ArchiveError, match=r"'pipe'.* is neither a directory nor a file"):
         model_directory(root, "pipe", cache)
-    with pytest.raises((ArchiveError, FileNotFoundError), match="loop"):
+    with pytest.raises(FileNotFoundError, match="loop") as loop:
         model_directory(root, "loop", cache)
+    assert str(root.parent) not in str(loop.value)
 
 
 @pytest.mark.parametrize(

@@ -194,11 +194,12 @@ def confined(path: str, roots: Iterable[str]) -> str | None:
 
 
 def _resolve(path: Path, target: str) -> Path:
-    """``path`` made absolute with its symbolic links followed; a loop of links refuses ``target``."""
+    """``path`` made absolute with its symbolic links followed; a loop of links is no model, as from Python 3.13
+    (where ``stat`` then fails with ``ELOOP``), said without the path that :class:`RuntimeError` names."""
     try:
         return path.resolve()
-    except RuntimeError as error:  # Python before 3.13 raises it for a loop of links
-        raise ArchiveError(f"TargetModel {target!r}: {error}") from None
+    except RuntimeError:  # Python before 3.13 raises it for a loop of links
+        raise FileNotFoundError(f"no model {target!r} under the model root: a loop of symbolic links") from None
 
 
 def _open_regular(path: Path, archive: str) -> IO[bytes]:
