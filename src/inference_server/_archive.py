@@ -248,8 +248,9 @@ def _extract(file: IO[bytes], archive: str, into: Path, *, max_bytes: int, max_m
             _drain(tar, max_bytes - tree.written, archive)
     except _Unsupported as error:
         raise ArchiveError(f"{archive} {error}") from None
-    except tarfile.FilterError as error:
-        raise tree.refuse(error.tarinfo, f"is refused by tarfile's data filter: {error}") from None
+    except tarfile.FilterError as error:  # its message names where the member would go: the log only has it
+        logger.warning("%s: tarfile's data filter refused a member: %s", archive, error)
+        raise tree.refuse(error.tarinfo, f"is refused by tarfile's data filter ({type(error).__name__})") from None
     except _CORRUPT as error:
         raise ArchiveError(f"{archive} is truncated or corrupt: {error}") from None
     tree.check_links()
