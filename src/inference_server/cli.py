@@ -103,7 +103,7 @@ def _transform_parser(commands: Any) -> argparse.ArgumentParser:
     )
     add("--resume", action="store_true", help="skip inputs whose .out exists and is newer than the input")
     add("--fail-fast", action="store_true", help="stop at the first file that fails")
-    add("--quiet", action="store_true", help="no progress lines and no summary")
+    add("--quiet", action="store_true", help="no progress lines, no summary, no Dask or Ray lines below error level")
     add("--model-dir", help="the model directory given to model_fn (default: $INFERENCE_SERVER_MODEL_DIR)")
     add("--input-filter", default="$", help="JSONPath of what the model gets of each record, e.g. '$[1:]'")
     add("--join-source", default="None", choices=["None", "Input"], help="Input: each answer joined to its record")
