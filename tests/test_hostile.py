@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 
 from inference_server import codecs
+from tests.conftest import wait_until
 
 NPY = "application/x-npy"
 
@@ -66,6 +67,13 @@ def _complete(received: bytes) -> bool:
 def _status(received: bytes) -> int:
     assert received.startswith(b"HTTP/1."), received[:200]
     return int(received.split(b" ", 2)[1])
+
+
+def _wait_for_the_write_timeout(server: Any) -> None:
+    """On granian, wait until the worker has set its write timeout (TCP_USER_TIMEOUT) on its listening socket, which
+    it does once granian has opened it, just after the model loads; gunicorn sets it on each connection."""
+    if server.backend == "granian":
+        wait_until(lambda: "clients that stop reading are cut" in server.output(), 10, "no write timeout was set")
 
 
 def _ping_fast(server: Any) -> None:
@@ -505,7 +513,7 @@ def test_clients_that_stop_reading_are_cut_after_the_read_timeout(server: Any) -
         f"POST /invocations HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-npy\r\nAccept: application/x-npy\r\n"
         f"Content-Length: {len(body)}\r\n\r\n"
     ).encode()
-    time.sleep(0.5)  # (granian sets the option once its socket is there, just after the model loads)
+    _wait_for_the_write_timeout(server)
     baseline = _established(server.port)
     after = []
     for _ in range(2):
@@ -539,7 +547,7 @@ def test_clients_that_never_read_an_answer_that_fits_in_the_buffers_are_cut(serv
     (before: gunicorn kept them for its 65 s keep-alive; granian cut them)."""
     head = b"POST /invocations HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\n"
     request = head + b"Content-Length: %d\r\n\r\n" % (256 << 10) + bytes(256 << 10)
-    time.sleep(0.5)  # (granian sets the option once its socket is there, just after the model loads)
+    _wait_for_the_write_timeout(server)
     baseline = _established(server.port)
     held = []
     try:

@@ -24,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from inference_server import _plugins, metrics, plugin_hook
 from inference_server._settings import Settings
 from inference_server.wsgi._app import App
+from tests.conftest import wait_until
 
 SLOW = """
     import time
@@ -256,7 +257,10 @@ def test_micro_batched_groups_are_counted_with_their_rows_and_waits(only_plugin:
     before = scrape(app)
     with ThreadPoolExecutor(12) as pool:
         futures = [pool.submit(call, app, "POST", "/invocations", b"[[1, 2], [3, 4]]", JSON) for _ in range(12)]
-        time.sleep(0.3)
+        batcher = app.target.batcher
+        assert batcher is not None
+        # the first group holds the model (at most 8): the others queue behind it, to share the next calls
+        wait_until(lambda: Model.calls == 1 and batcher.waiting >= 4, 10, "the requests did not queue")
         gate.set()
         assert [future.result() for future in futures] == [200] * 12
     after = scrape(app)
@@ -329,7 +333,7 @@ def test_a_scrape_of_a_real_server_covers_every_worker_and_keeps_a_replaced_work
 def test_metrics_answers_while_the_model_is_busy_and_counts_a_crashed_worker(
     backend: str, servers: Any, plugin_site: Any
 ) -> None:
-    """/metrics answers within a second while predict_fn sleeps, showing it in flight; a worker killed with
+    """/metrics answers while predict_fn sleeps (before it ends), showing it in flight; a worker killed with
     SIGKILL is counted as a crash, and the requests it answered before stay counted."""
     plugin_site.add("slow", SLOW)
     server = servers.start("--server", backend, "--workers", "2")
@@ -337,14 +341,15 @@ def test_metrics_answers_while_the_model_is_busy_and_counts_a_crashed_worker(
         assert server.request("POST", "/invocations", b"[1]", JSON).status == 200
     with ThreadPoolExecutor(1) as pool:
         sleeping = pool.submit(server.request, "POST", "/invocations", b'{"sleep": true}', JSON)
-        time.sleep(0.5)
-        started = time.monotonic()
+        server.wait_in_flight(1)
         reply = server.request("GET", "/metrics", timeout=5)
-        assert time.monotonic() - started < 1.0
+        assert not sleeping.done(), "/metrics answered only once the prediction had ended"
         assert reply.headers["Content-Type"].startswith("text/plain; version=0.0.4")
         assert total(samples(reply.body.decode()), "inference_server_requests_in_flight") == 1
         assert sleeping.result().status == 200
-    time.sleep(0.5)  # the workers' counts reach the shared files within metrics.FLUSH_INTERVAL
+    wait_until(  # the workers' counts reach the shared files within metrics.FLUSH_INTERVAL
+        lambda: server.metric("inference_server_requests_total", route="/invocations") == 7, 10, "7 invocations"
+    )
     victim = min(server.workers())
     os.kill(victim, signal.SIGKILL)
     deadline = time.monotonic() + 30

@@ -19,7 +19,7 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import local_aws_env
+from tests.conftest import local_aws_env, wait_until
 
 MODEL = """
     import os
@@ -140,7 +140,11 @@ def test_unloading_releases_the_model_in_every_worker_and_gives_the_memory_back(
     with ThreadPoolExecutor(4) as pool:
         assert {reply.status for reply in pool.map(lambda i: invoke(server, "warm-up"), range(40))} == {200}
     assert server.request("DELETE", "/models/warm-up").status == 200
-    time.sleep(0.5)
+    wait_until(
+        lambda: len(list((tmp_path / "warm-up").glob("unloaded-*"))) == len(workers),
+        10,
+        "the warm-up model was not unloaded in every worker",
+    )
     baseline = {pid: rss(pid) for pid in workers}
     names = ["a", "b", "c"]
     for name in names:
@@ -256,7 +260,9 @@ def test_the_model_label_of_the_metrics_is_bounded(servers: Any, plugin_site: An
     for name in ("a", "b", "c"):
         assert load(server, name, model_dir(tmp_path, name)).status == 200
         assert invoke(server, name).status == 200
-    time.sleep(0.3)
+    wait_until(
+        lambda: server.metric("inference_server_model_requests_total") >= 3, 10, "the invocations were not counted"
+    )
     labels = set()
     for family in text_string_to_metric_families(server.request("GET", "/metrics").body.decode()):
         for sample in family.samples:

@@ -122,7 +122,7 @@ def _cut_stalled_readers(port: int, seconds: int) -> None:
         for fd in _port.listening_fds(port):
             with socket.socket(fileno=os.dup(fd)) as listener:  # the same socket: setting it on the copy sets it
                 listener.setsockopt(socket.IPPROTO_TCP, option, seconds * 1000)
-            logger.debug("Worker %d: write timeout of %d s set on its listening socket", os.getpid(), seconds)
+            logger.info("Worker %d: clients that stop reading are cut after %d s", os.getpid(), seconds)
             return
         time.sleep(0.02)
     logger.warning("Worker %d: no listening socket found; clients that stop reading are not cut off", os.getpid())
