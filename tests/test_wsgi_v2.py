@@ -9,7 +9,6 @@ import http.client
 import io
 import os
 import signal
-import time
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ from hypothesis import strategies as st
 from inference_server import _plugins, plugin_hook
 from inference_server._settings import Settings
 from inference_server.wsgi._app import App
+from tests.conftest import wait_until
 
 #: A model that echoes its inputs (a dict of arrays): each output is the input of the same name.
 ECHO = """
@@ -380,12 +380,9 @@ def test_readiness_follows_the_drain(servers: Any, tmp_path: Path) -> None:
     body = json_request({"name": "gate", "shape": [1], "datatype": "BYTES", "data": [str(gate)]})
     connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
     connection.request("POST", "/v2/models/sleepy/infer", body, {"Content-Type": "application/json"})
-    time.sleep(0.3)
+    server.wait_in_flight(1)
     os.kill(server.process.pid, signal.SIGTERM)
-    deadline = time.monotonic() + 10
-    while server.request("GET", "/v2/health/ready").status != 503:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    wait_until(lambda: server.request("GET", "/v2/health/ready").status == 503, 10, "still ready after SIGTERM")
     assert server.request("GET", "/v2/models/sleepy/ready").status == 503
     assert server.request("GET", "/v2/health/live").status == 200
     gate.write_text("go")
