@@ -26,6 +26,8 @@ MODEL = """
     def model_fn(model_dir):
         with open({log!r}, "a") as log:
             log.write(model_dir + "\\n")
+        if os.path.exists(os.path.join(model_dir, "broken")):
+            raise FileNotFoundError("no such file: " + os.path.join(model_dir, "model.joblib"))
         return os.path.basename(model_dir.rstrip("/"))
 
     @inference_server.plugin_hook
@@ -166,8 +168,9 @@ def test_loads_outside_the_allowed_directories_are_403_and_never_reach_model_fn(
     }
     for name, url in good.items():
         assert _load(server, name, url).status == 200, name
-    assert server.request("POST", "/models/link-in/invoke", b"[1]", JSON).json() == {"model": "link-in"}
-    assert disk.loaded() == list(good.values())
+    # model_fn ran over the link's target, the directory checked (a link changed after the check leads nowhere)
+    assert server.request("POST", "/models/link-in/invoke", b"[1]", JSON).json() == {"model": "r"}
+    assert disk.loaded() == [os.path.realpath(url) for url in good.values()]  # (resolved: the path checked)
     refusals = [line for line in server.output().splitlines() if "outside the directories" in line]
     assert len(refusals) == len(outside)
     roots = [os.path.realpath(path) for path in (disk.model_root, disk.allowed, disk.linked)]
@@ -296,3 +299,23 @@ def test_allowed_model_dirs_come_from_the_option_repeated_or_the_variable(tmp_pa
     assert Settings.from_env({}).allow_model_dir == ()
     with pytest.raises(ConfigurationError, match="INFERENCE_SERVER_ALLOW_MODEL_DIRS='a\\\\x00b' is invalid"):
         Settings.from_env({"INFERENCE_SERVER_ALLOW_MODEL_DIRS": "a\0b"})
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_model_that_fails_to_load_names_its_error_not_the_servers_paths(
+    backend: str, servers: Any, disk: Disk
+) -> None:
+    """A model_fn that raises with a path of the server's disk in its message, for a TargetModel an invoking client
+    chose: the answer (424 of 503) names the exception's class only, the message and its traceback are in the log.
+    POST /models, the operator's API, says the whole message (what to fix)."""
+    (disk.model_root / "r" / "broken").touch()
+    (disk.allowed / "m" / "broken").touch()
+    server = servers.start("--server", backend, "--multi-model", *disk.args(), plugins=["recorder"])
+    status, body = _raw(server.port, "/endpoints/x/invocations", b"r")
+    assert (status, orjson.loads(body)["OriginalStatusCode"]) == (424, 503)
+    assert b"model_fn raised FileNotFoundError" in body
+    assert _discloses(body, disk) == [], body
+    assert f"no such file: {os.path.realpath(disk.model_root)}/r/model.joblib" in server.output()
+    reply = _load(server, "m", f"{disk.allowed}/m")
+    assert reply.status == 503, reply.body
+    assert f"{os.path.realpath(disk.allowed)}/m/model.joblib" in reply.json()["message"]

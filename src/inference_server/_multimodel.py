@@ -135,14 +135,14 @@ class MultiModel:
         if not _NAME.fullmatch(name):
             shown = repr(name[:64]) + ("..." if len(name) > 64 else "")
             raise BadRequest(f"the model name {shown} is not {NAME_RULE}: one path segment")
-        self._directory(url)
+        directory = self._directory(url)
         try:
             with self.registry.claim(name):
                 if self.max_models and self.registry.count() > self.max_models:  # this load's claim counts
                     raise InsufficientStorage(
                         f"{self.max_models} models are loaded already (--max-models); unload one to load {name!r}"
                     )
-                self._load(("api", name), url)
+                self._load(("api", name), directory)
                 self.registry.add(name, url)
         except Busy:
             raise Conflict(f"the model {name!r} is loaded already") from None
@@ -253,9 +253,10 @@ class MultiModel:
             raise BadRequest(str(exc)) from None
 
     def _directory(self, url: str) -> str:
-        """``url`` if it is a directory in (or one of) the directories models may load from, its symbolic links
-        resolved: :class:`Forbidden` outside them (naming them in the log only), :class:`BadRequest` for a URL or a
-        NUL byte, :class:`NotFound` for no directory there."""
+        """``url`` with its symbolic links resolved, if that is a directory in (or one of) the directories models may
+        load from: :class:`Forbidden` outside them (naming them in the log only), :class:`BadRequest` for a URL or a
+        NUL byte, :class:`NotFound` for no directory there. ``model_fn`` gets the resolved path, the one checked, so
+        that a link changed after the check cannot lead it out."""
         if "\0" in url:
             raise BadRequest("the model's url holds a NUL byte")
         if _SCHEME.match(url):
@@ -280,7 +281,7 @@ class MultiModel:
         if not os.path.isdir(real):
             raise NotFound("no model directory is at that url" if not os.path.exists(real) else
                            "the model's url is not a directory")  # fmt: skip
-        return url
+        return real
 
     def _unpacked(self) -> Path:
         if self._cache is None:
@@ -308,7 +309,14 @@ class MultiModel:
                 self._store.unload(key)
                 if isinstance(error, MemoryError):
                     raise InsufficientStorage(f"the model {key[1]!r} did not fit in memory (MemoryError)") from None
-                raise
+                if key[0] != "target":
+                    raise  # the model management API's caller is the operator: the message says what to fix
+                # An invoking client chose the directory: the exception's message (often a path of the server's disk)
+                # is for the log, which has it with its traceback, not for the answer.
+                kind = type(error).__name__ if error is not None else "an error"
+                raise ModelLoadError(
+                    f"the model {key[1]!r} failed to load: model_fn raised {kind} (its message is in the server's log)"
+                ) from None
             cost = max(resident_bytes() - before, 0)
             if self._recorder is not None:
                 self._recorder.loaded(key, time.perf_counter() - started, cost)
