@@ -65,6 +65,15 @@ PAGE_SIZE = 1000
 #: logs and metrics' labels show as it is.
 NAME_RULE = "1 to 255 letters, digits, '.', '_' or '-', starting with a letter or digit"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}")
+
+
+def check_name(name: str) -> None:
+    """:class:`BadRequest` unless ``name`` follows :data:`NAME_RULE` (checked before anything is read for it)."""
+    if not _NAME.fullmatch(name):
+        shown = repr(name[:64]) + ("..." if len(name) > 64 else "")
+        raise BadRequest(f"the model name {shown} is not {NAME_RULE}: one path segment")
+
+
 #: A URL's scheme, as ``s3://`` or ``file://`` start it.
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:")
 
@@ -132,9 +141,7 @@ class MultiModel:
     # -- the model management API --------------------------------------------------------------------------------
     def load(self, name: str, url: str) -> None:
         """Load ``name`` from the directory ``url`` here and register it for every worker (see the module's text)."""
-        if not _NAME.fullmatch(name):
-            shown = repr(name[:64]) + ("..." if len(name) > 64 else "")
-            raise BadRequest(f"the model name {shown} is not {NAME_RULE}: one path segment")
+        check_name(name)
         directory = self._directory(url)
         try:
             with self.registry.claim(name):

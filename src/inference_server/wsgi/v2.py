@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from inference_server import _plugins
+from inference_server._multimodel import check_name
 from inference_server._pipeline import Output
 from inference_server._version import __version__
 from inference_server.codecs import v2
@@ -192,6 +193,7 @@ class _Handlers:
         assert self.models is not None
         self._fields(request)
         name = request.params["name"]
+        check_name(name)  # before its archive, if any, is unpacked
         directory = self.models.root_directory(name, "a model of the repository")
         self.models.load(name, directory)
         return json_reply(200, {})
