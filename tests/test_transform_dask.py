@@ -66,30 +66,23 @@ def test_dask_output_is_the_local_engines_byte_for_byte(tmp_path: Path, servers:
     assert len(set(loads)) == len(loads)
 
 
-def test_without_the_extra_the_error_names_it(tmp_path: Path) -> None:
-    """Without dask.distributed installed, --engine dask stops with the pip command of the extra (exit 1)."""
+@pytest.mark.parametrize(
+    ("engine", "module", "message"),
+    [
+        ("dask", "distributed", "pip install 'inference-server[dask]'"),
+        ("ray", "ray", "--engine ray needs Ray: pip install 'inference-server[ray]'"),
+    ],
+)
+def test_without_the_extra_the_error_names_it(tmp_path: Path, engine: str, module: str, message: str) -> None:
+    """Without the engine's package installed, --engine stops with the pip command of its extra (exit 1)."""
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "a.txt").write_bytes(b"x\n")
-    code = (
-        "import sys; sys.modules['distributed'] = None; from inference_server import cli; "
-        f"sys.exit(cli.main(['transform', {str(tmp_path / 'in')!r}, {str(tmp_path / 'out')!r}, '--engine', 'dask']))"
-    )
+    arguments = ["transform", str(tmp_path / "in"), str(tmp_path / "out"), "--engine", engine]
+    code = f"import sys; sys.modules[{module!r}] = None; from inference_server import cli; "
+    code += f"sys.exit(cli.main({arguments!r}))"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 1
-    assert "pip install 'inference-server[dask]'" in result.stderr
-
-
-def test_without_ray_the_error_names_the_extra(tmp_path: Path) -> None:
-    """Without Ray installed, --engine ray stops with the pip command of the extra (exit 1)."""
-    (tmp_path / "in").mkdir()
-    (tmp_path / "in" / "a.txt").write_bytes(b"x\n")
-    code = (
-        "import sys; sys.modules['ray'] = None; from inference_server import cli; "
-        f"sys.exit(cli.main(['transform', {str(tmp_path / 'in')!r}, {str(tmp_path / 'out')!r}, '--engine', 'ray']))"
-    )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert result.returncode == 1
-    assert "--engine ray needs Ray: pip install 'inference-server[ray]'" in result.stderr
+    assert message in result.stderr
 
 
 def test_an_engine_address_without_dask_is_a_usage_error(tmp_path: Path) -> None:
