@@ -332,6 +332,18 @@ class Reply:
         return orjson.loads(self.body)
 
 
+def _sum(text: str, name: str, **labels: str) -> float:
+    """The sum of the samples named ``name`` (with these labels) in the Prometheus text ``text``."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name and labels.items() <= sample.labels.items()
+    )
+
+
 class Server:
     """``inference-server serve`` in a subprocess on a free port of 127.0.0.1."""
 
@@ -384,23 +396,29 @@ class Server:
 
     def metric(self, name: str, **labels: str) -> float:
         """The sum of the samples named ``name`` (with these labels) that ``/metrics`` shows now."""
-        from prometheus_client.parser import text_string_to_metric_families
-
-        text = self.request("GET", "/metrics").body.decode()
-        return sum(
-            sample.value
-            for family in text_string_to_metric_families(text)
-            for sample in family.samples
-            if sample.name == name and labels.items() <= sample.labels.items()
-        )
+        return _sum(self.request("GET", "/metrics").body.decode(), name, **labels)
 
     def wait_in_flight(self, count: int, deadline: float = 30) -> None:
         """Wait until the server counts ``count`` requests in flight (arrived and not answered; scrapes excepted)."""
         wait_until(
             lambda: self.metric("inference_server_requests_in_flight") >= count,
             deadline,
-            f"{count} requests did not reach the server",
+            f"{count} requests were not in flight together",
         )
+
+    def wait_arrived(self, count: int, deadline: float = 30) -> None:
+        """Wait until ``count`` requests to ``/invocations`` have reached the server: in flight now or answered
+        (counted from one scrape; a short request may be answered before the others arrive)."""
+
+        def arrived() -> bool:
+            text = self.request("GET", "/metrics").body.decode()
+            return (
+                _sum(text, "inference_server_requests_in_flight")
+                + _sum(text, "inference_server_requests_total", route="/invocations")
+                >= count
+            )
+
+        wait_until(arrived, deadline, f"{count} requests did not reach the server")
 
     def peak_rss(self) -> int:
         """The largest peak resident memory (VmHWM, bytes) among the server's processes."""

@@ -254,7 +254,7 @@ def test_sigterm_with_a_full_queue_answers_every_queued_request(servers: Any, pl
     server = servers.start("--max-batch-size", "4", "--max-queue", "16", env=env)
     with concurrent.futures.ThreadPoolExecutor(12) as pool:
         futures = [pool.submit(_post, server, np.full((1, 2), i, dtype="f4")) for i in range(12)]
-        server.wait_in_flight(12)
+        server.wait_arrived(12)
         server.process.send_signal(signal.SIGTERM)
         replies = [future.result() for future in futures]
     for i, reply in enumerate(replies):

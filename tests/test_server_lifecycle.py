@@ -85,7 +85,7 @@ def test_sigterm_drains_requests_in_flight(servers: Any, backend: str) -> None:
     clients = [threading.Thread(target=lambda: replies.append(_post(server, b"sleep 2.5"))) for _ in range(20)]
     for client in clients:
         client.start()
-    server.wait_in_flight(20)
+    server.wait_arrived(20)
     server.process.send_signal(signal.SIGTERM)
     wait_until(lambda: server.request("GET", "/ping").status == 503, 10, "/ping still healthy after SIGTERM")
     refused = _post(server, b"late")
@@ -106,7 +106,7 @@ def test_requests_waiting_for_a_thread_at_sigterm_are_answered_on_gunicorn(serve
     clients = [threading.Thread(target=lambda: replies.append(_post(server, b"sleep 0.4"))) for _ in range(45)]
     for client in clients:
         client.start()
-    server.wait_in_flight(33)  # 33 are in the app, and the rest wait for a thread on connections already made
+    server.wait_arrived(33)  # 33 are in the app, and the rest wait for a thread on connections already made
     wait_until(lambda: _connections(server.port) >= 45, 10, "not every client connected")
     server.process.send_signal(signal.SIGTERM)
     wait_until(lambda: "SIGTERM: draining" in server.output(), 10, "no drain began")
@@ -389,7 +389,7 @@ def test_sigterm_to_the_process_group_drains_without_respawning(servers: Any, ba
     clients = [threading.Thread(target=lambda: replies.append(_post(server, b"sleep 1.5"))) for _ in range(8)]
     for client in clients:
         client.start()
-    server.wait_in_flight(8)
+    server.wait_arrived(8)
     os.killpg(server.process.pid, signal.SIGTERM)
     for client in clients:
         client.join(30)
