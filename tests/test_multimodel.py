@@ -250,6 +250,37 @@ def test_a_target_model_without_a_model_root_is_a_clear_400(servers: Any) -> Non
     assert "--model-root" in reply.json()["message"]
 
 
+def test_requests_for_models_that_are_not_loaded_get_no_model_label(
+    servers: Any, plugin_site: Any, tmp_path: Path
+) -> None:
+    """100 invocations of names no worker holds (404s and 403s, as any client can send): none becomes a model label
+    of the metrics, so they cannot push the real models into "other" (--metrics-max-models 2); the real one is
+    counted under its name."""
+    plugin_site.add("mm_model", MODEL)
+    server = servers.start(
+        *("--multi-model", "--workers", "1", "--metrics-max-models", "2", "--model-root", str(tmp_path)),
+        plugins=["mm_model"],
+    )
+    model_dir(tmp_path, "real")
+    for index in range(50):
+        assert invoke(server, f"absent-{index}").status == 404
+        target = {**JSON, "X-Amzn-SageMaker-Target-Model": f"../bogus-{index}"}
+        assert server.request("POST", "/invocations", b"[1, 2]", target).status == 403
+    assert (
+        server.request("POST", "/invocations", b"[1, 2]", {**JSON, "X-Amzn-SageMaker-Target-Model": "real"}).status
+        == 200
+    )
+    wait_until(
+        lambda: server.metric("inference_server_requests_total", route="/invocations") >= 51, 10, "not counted yet"
+    )
+    labels = set()
+    for family in text_string_to_metric_families(server.request("GET", "/metrics").body.decode()):
+        for sample in family.samples:
+            if sample.name == "inference_server_model_requests_total":
+                labels.add(sample.labels["model"])
+    assert labels == {"real"}
+
+
 def test_the_model_label_of_the_metrics_is_bounded(servers: Any, plugin_site: Any, tmp_path: Path) -> None:
     """--metrics-max-models 2: invocations of three models are counted under two names and other."""
     plugin_site.add("mm_model", MODEL)

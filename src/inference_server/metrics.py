@@ -320,9 +320,14 @@ class Recorder:
             return number
 
     def _model_label(self, model: str) -> str:
-        """``model`` as the label says it: bounded to :attr:`max_models` distinct names in this process."""
+        """``model`` as the label says it: bounded to :attr:`max_models` distinct names in this process, and only for
+        a model this worker holds (a name invoked but absent, refused or unloaded, which any client may send, gets
+        no label of its own: it would take the place of a real model)."""
         if not model or model in self._models:
             return model
+        held = self._held
+        if held is not None and not any(name == model for _, name in list(held)):
+            return ""
         if len(self._models) < self.max_models:
             self._models.add(model)
             return model
