@@ -514,6 +514,14 @@ def test_a_target_archive_is_unpacked_into_the_cache(root: Path, cache: Path, ta
     assert (directory / "name.txt").read_bytes() == name
 
 
+def test_a_long_missing_target_is_named_once_and_cut(root: Path, cache: Path) -> None:
+    """A missing target of 1,000 characters is named once, cut to 64 (an answer wrapped in SageMaker's 424 repeats
+    the message: it stayed 2 KB with the target three times)."""
+    with pytest.raises(FileNotFoundError) as missing:
+        _archive.model_directory(root, "a" * 1000, cache)
+    assert str(missing.value) == f"no model {'a' * 64!r}... under the model root"
+
+
 def test_a_missing_target_names_the_names_tried_but_not_the_root(root: Path, cache: Path) -> None:
     """A target that is not there raises FileNotFoundError naming both names tried, relative to the root, which it
     does not name (an answer would show it to the client)."""

@@ -143,6 +143,10 @@ def unpack(
     return destination
 
 
+#: The longest TargetModel a message repeats whole.
+_SHOWN = 64
+
+
 def model_directory(
     root: Path, target: str, cache: Path, *, max_bytes: int = MAX_BYTES, max_members: int = MAX_MEMBERS
 ) -> Path:
@@ -176,6 +180,8 @@ def model_directory(
         if stat.S_ISREG(mode):
             return unpack(real, cache, max_bytes=max_bytes, max_members=max_members, label=name)
         raise ArchiveError(f"TargetModel {target!r}: {name} is neither a directory nor a file")
+    if len(target) > _SHOWN:  # (a TargetModel may be 1,024 characters: say it once, cut)
+        raise FileNotFoundError(f"no model {target[:_SHOWN]!r}... under the model root")
     raise FileNotFoundError(f"no model {target!r} under the model root: tried {' and '.join(names)}")
 
 
