@@ -385,6 +385,8 @@ def test_sigterm_to_the_process_group_drains_without_respawning(servers: Any, ba
     """SIGTERM to the whole process group (systemd, ``timeout``): all requests in flight answered, no worker
     replaced or reloaded, exit 0."""
     server = servers.start("--server", backend, "--workers", "2", "--threads", "4", new_session=True)
+    # both workers serve before the signal (gunicorn boots its second once the first has answered /ping)
+    wait_until(lambda: server.output().count("Loaded the model") == 2, 30, "the second worker did not load")
     replies: list[Any] = []
     clients = [threading.Thread(target=lambda: replies.append(_post(server, b"sleep 1.5"))) for _ in range(8)]
     for client in clients:
