@@ -231,3 +231,176 @@ def test_a_scripts_view_leaves_out_the_installed_plugins_unless_named() -> None:
     named = _plugins.view(_plugins.build_manager(["shipping_forecast"]), Script(), "script:x")
     assert _plugins.providers(named, "predict_fn") == ["script:x", "shipping_forecast", _plugins.DEFAULTS_NAME]
     assert set(named.sources) == {"shipping_forecast"}
+
+
+#: Every hook as ``async def``: each awaits, and leaves a mark in the answer or a file so that the test sees it ran.
+ASYNC_HOOKS = """
+    import asyncio
+    import os
+
+    import inference_server
+
+    @inference_server.plugin_hook
+    async def model_fn(model_dir):
+        await asyncio.sleep(0)
+        return {"dir": model_dir, "name": os.path.basename(model_dir.rstrip("/"))}
+
+    @inference_server.plugin_hook
+    async def input_fn(input_data, content_type):
+        await asyncio.sleep(0)
+        return {"input": bytes(input_data).decode()}
+
+    @inference_server.plugin_hook
+    async def predict_fn(data, model):
+        await asyncio.sleep(0.01)
+        return {**data, "model": model["name"], "pid": os.getpid()}
+
+    @inference_server.plugin_hook
+    async def output_fn(prediction, accept):
+        await asyncio.sleep(0)
+        return inference_server.codecs.dumps(prediction, "application/json"), "application/json"
+
+    @inference_server.plugin_hook
+    async def ping_fn(model):
+        await asyncio.sleep(0)
+        return not os.path.exists(os.path.join(model["dir"], "sick"))
+
+    @inference_server.plugin_hook
+    async def batch_strategy():
+        await asyncio.sleep(0)
+        return "SingleRecord"
+
+    @inference_server.plugin_hook
+    async def max_concurrent_transforms():
+        await asyncio.sleep(0)
+        return 3
+
+    @inference_server.plugin_hook
+    async def max_payload_in_mb():
+        await asyncio.sleep(0)
+        return 7
+
+    @inference_server.plugin_hook
+    async def model_metadata(model):
+        await asyncio.sleep(0)
+        return {"inputs": [{"name": "x", "datatype": "FP32", "shape": [-1]}], "outputs": []}
+
+    @inference_server.plugin_hook
+    async def batching():
+        await asyncio.sleep(0)
+        return {"max_batch_size": 8} if os.environ.get("ASYNC_BATCHING") else None
+
+    @inference_server.plugin_hook
+    async def predict_batch_fn(data, model):
+        await asyncio.sleep(0.05)
+        return [{**item, "batch": len(data)} for item in data]
+
+    @inference_server.plugin_hook
+    async def model_unload_fn(model):
+        await asyncio.sleep(0)
+        open(os.path.join(model["dir"], "unloaded"), "w").close()
+"""
+
+
+def test_every_hook_may_be_async_def_and_both_workers_run_them(servers: Any, plugin_site: Any, tmp_path: Any) -> None:
+    """A plugin whose hooks are all async def is served by a real server with two workers (each its own loop after
+    the fork): the answer, /ping (503 when ping_fn says so), /execution-parameters and the v2 metadata are theirs."""
+    import orjson
+
+    from tests.conftest import wait_until
+
+    plugin_site.add("async_hooks", ASYNC_HOOKS)
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    server = servers.start("--workers", "2", "--model-dir", str(model_dir))
+    pids: set[int] = set()
+
+    def both_workers_answered() -> bool:
+        reply = server.request("POST", "/invocations", b"hello", {"Content-Type": "text/plain"})
+        assert reply.status == 200, reply.body
+        answer = reply.json()
+        assert (answer["input"], answer["model"]) == ("hello", "model")
+        pids.add(answer["pid"])
+        return len(pids) == 2
+
+    wait_until(both_workers_answered, 30, "the two workers did not both answer")
+    assert server.request("GET", "/execution-parameters").json() == {
+        "BatchStrategy": "SingleRecord",
+        "MaxConcurrentTransforms": 3,
+        "MaxPayloadInMB": 7,
+    }
+    metadata = server.request("GET", "/v2/models/async_hooks")
+    assert orjson.loads(metadata.body)["inputs"] == [{"name": "x", "datatype": "FP32", "shape": [-1]}]
+    assert server.request("GET", "/ping").status == 200
+    (model_dir / "sick").touch()
+    assert server.request("GET", "/ping").status == 503
+
+
+def test_async_batching_and_predict_batch_fn_group_requests(servers: Any, plugin_site: Any) -> None:
+    """An async batching hook turns micro-batching on, and an async predict_batch_fn answers concurrent requests
+    in shared calls."""
+    import concurrent.futures
+
+    plugin_site.add("async_hooks", ASYNC_HOOKS)
+    server = servers.start("--workers", "1", env={"ASYNC_BATCHING": "1"})
+
+    def send(body: bytes) -> Any:
+        reply = server.request("POST", "/invocations", body, {"Content-Type": "text/plain"})
+        assert reply.status == 200, reply.body
+        return reply.json()
+
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(send, [str(i).encode() for i in range(16)]))
+    assert sorted(int(answer["input"]) for answer in answers) == list(range(16))
+    assert max(answer.get("batch", 1) for answer in answers) > 1
+
+
+def test_an_async_model_unload_fn_runs_when_a_model_is_unloaded(servers: Any, plugin_site: Any, tmp_path: Any) -> None:
+    """On a multi-model endpoint an async model_fn loads, the async request hooks answer /models/NAME/invoke, and
+    DELETE /models/NAME runs the async model_unload_fn."""
+    import orjson
+
+    plugin_site.add("async_hooks", ASYNC_HOOKS)
+    (tmp_path / "m").mkdir()
+    server = servers.start("--multi-model", "--allow-model-dir", str(tmp_path))
+    body = orjson.dumps({"model_name": "m", "url": str(tmp_path / "m")})
+    assert server.request("POST", "/models", body, {"Content-Type": "application/json"}).status == 200
+    reply = server.request("POST", "/models/m/invoke", b"hi", {"Content-Type": "text/plain"})
+    assert (reply.json()["input"], reply.json()["model"]) == ("hi", "m")
+    assert server.request("DELETE", "/models/m").status == 200
+    assert (tmp_path / "m" / "unloaded").exists()
+
+
+class _None:
+    @plugin_hook
+    async def predict_fn(self, data: Any, model: Any) -> Any:
+        return None if data == "pass" else f"async {data}"
+
+
+class _Wrapper:
+    @plugin_hook(hookwrapper=True)
+    def predict_fn(self, data: Any, model: Any) -> Any:
+        outcome = yield
+        outcome.force_result(f"wrapped {outcome.get_result()}")
+
+
+def test_an_async_hook_returning_none_falls_through() -> None:
+    """An async implementation returning None leaves the call to the next one (the defaults here), with the fast
+    caller, pluggy's own, and pluggy's with a hookwrapper around it, which gets the result, not a coroutine."""
+    pm = _plugins.build_manager([], [_None()])
+    fast = _plugins.first_result_caller(pm, "predict_fn")
+    assert (fast("x", None), fast("pass", str.upper)) == ("async x", "PASS")
+    assert pm.hook.predict_fn(data="pass", model=str.upper) == "PASS"
+    wrapped = _plugins.build_manager([], [_None(), _Wrapper()])
+    assert _plugins.first_result_caller(wrapped, "predict_fn")("x", None) == "wrapped async x"
+    assert _plugins.first_result_caller(wrapped, "predict_fn")("pass", str.upper) == "wrapped PASS"
+
+
+def test_sync_hooks_are_left_as_they_are() -> None:
+    """Registration wraps async implementations only: a sync one is pluggy's as written (nothing added to it)."""
+    first, lazy = First(), _None()
+    pm = _plugins.build_manager([], [first, lazy])
+    functions = {impl.plugin: impl.function for impl in pm.hook.predict_fn.get_hookimpls()}
+    assert functions[first] == first.predict_fn
+    assert functions[lazy] != lazy.predict_fn
+    assert functions[lazy].__wrapped__ == lazy.predict_fn  # type: ignore[attr-defined]

@@ -816,3 +816,89 @@ def test_two_scripts_with_same_named_siblings_each_import_their_own(
     finally:
         for module in set(sys.modules) - before:
             del sys.modules[module]
+
+
+#: WITH_CONTEXT with every function ``async def`` (pre_model_fn and model_warmup_fn too), and a toolkit error
+#: raised from an async input_fn.
+ASYNC_WITH_CONTEXT = """
+    import asyncio
+    import json
+
+
+    class UnprocessableEntity(Exception):
+        def __init__(self, message):
+            self.status_code, self.message, self.phrase = 422, message, message
+            super().__init__(message)
+
+
+    async def pre_model_fn(model_dir, context):
+        await asyncio.sleep(0)
+        context.system_properties["prepared"] = True
+
+
+    async def model_fn(model_dir, context):
+        await asyncio.sleep(0)
+        return {"dir": context.system_properties["model_dir"], "scale": 10, "warm": False}
+
+
+    async def model_warmup_fn(model_dir, model, context):
+        await asyncio.sleep(0)
+        model["warm"] = context.system_properties["prepared"]
+
+
+    async def input_fn(input_data, content_type, context):
+        await asyncio.sleep(0)
+        data = json.loads(input_data)
+        if "values" not in data:
+            raise UnprocessableEntity("the body must have 'values'")
+        return data["values"], context.get_request_header(0, "Content-Type")
+
+
+    async def predict_fn(data, model, context):
+        await asyncio.sleep(0.01)
+        values, content_type = data
+        return {"scaled": [v * model["scale"] for v in values], "seen_type": content_type, "warm": model["warm"]}
+
+
+    async def output_fn(prediction, accept, context):
+        await asyncio.sleep(0)
+        return json.dumps(prediction), "application/vnd.example+json"
+"""
+
+#: An async model_fn and an async generator predict_fn, streamed by the built-in output_fn.
+ASYNC_STREAMING = """
+    import asyncio
+
+
+    async def model_fn(model_dir):
+        await asyncio.sleep(0)
+        return 3
+
+
+    async def predict_fn(data, model):
+        for index in range(model):
+            await asyncio.sleep(0.01)
+            yield {"index": index, "of": data["name"]}
+"""
+
+
+def test_a_script_whose_functions_are_async(servers: ServerFactory, tmp_path: Path) -> None:
+    """A script's async def functions (with the context, pre_model_fn and model_warmup_fn too) are run and
+    awaited; a toolkit error raised from one answers its own status."""
+    model_dir = _model_dir(tmp_path, ASYNC_WITH_CONTEXT)
+    server = servers.start("--model-dir", str(model_dir), plugins=[], env={"SAGEMAKER_PROGRAM": "inference.py"})
+    content_type, body = _invoke(server.port, b'{"values": [1, 2.5]}', "application/json")
+    assert content_type == "application/vnd.example+json"
+    assert json.loads(body) == {"scaled": [10, 25.0], "seen_type": "application/json", "warm": True}
+    reply = server.request("POST", "/invocations", b"{}", {"Content-Type": "application/json"})
+    assert (reply.status, reply.json()["message"]) == (422, "the body must have 'values'")
+
+
+def test_a_script_whose_predict_fn_is_an_async_generator_streams(servers: ServerFactory, tmp_path: Path) -> None:
+    """A script's async generator predict_fn is streamed record by record as JSON Lines by the built-in
+    output_fn."""
+    model_dir = _model_dir(tmp_path, ASYNC_STREAMING)
+    server = servers.start("--model-dir", str(model_dir), plugins=[], env={"SAGEMAKER_PROGRAM": "inference.py"})
+    reply = server.request("POST", "/invocations", b'{"name": "x"}', {"Content-Type": "application/json"})
+    assert reply.headers["Content-Type"] == "application/jsonlines"
+    assert [json.loads(line) for line in reply.body.splitlines()] == [{"index": i, "of": "x"} for i in range(3)]

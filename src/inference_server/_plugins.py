@@ -18,7 +18,7 @@ from typing import Any
 
 import pluggy
 
-from inference_server import default_plugin
+from inference_server import _loop, default_plugin
 from inference_server._hookspecs import ENTRY_POINT_GROUP, HOOK_NAMES, PROJECT, HookSpecs
 from inference_server.errors import PluginError
 
@@ -60,8 +60,11 @@ class PluginManager(pluggy.PluginManager):
         self.generation = 0
 
     def register(self, plugin: object, name: str | None = None) -> str | None:
-        """Register ``plugin`` (pluggy's method); the models loaded for this manager are loaded again."""
+        """Register ``plugin`` (pluggy's method); the models loaded for this manager are loaded again. Its ``async def``
+        hooks are made synchronous here, once (see :func:`_synchronize`)."""
         registered = super().register(plugin, name)
+        if registered is not None:
+            _synchronize(self, plugin)
         self.generation += 1
         return registered
 
@@ -70,6 +73,21 @@ class PluginManager(pluggy.PluginManager):
         unregistered = super().unregister(plugin, name)
         self.generation += 1
         return unregistered
+
+
+def _synchronize(pm: pluggy.PluginManager, plugin: object) -> None:
+    """Make each of ``plugin``'s ``async def`` (or async generator) hook implementations one that runs it on the
+    worker's event loop (:func:`_loop.synchronous`), where pluggy keeps it: every caller (:func:`first_result_caller`,
+    :func:`call_model_fn`, pluggy's own with its wrappers and first-result rule) calls a sync function that returns
+    the result, and an async one returning None falls through as a sync one does. Sync implementations are left as
+    they are: nothing is added to their calls."""
+    for hook_name, caller in vars(pm.hook).items():
+        for impl in caller.get_hookimpls():
+            if impl.plugin is plugin:
+                where = f"{impl.function.__module__}.{impl.function.__qualname__}"
+                function = _loop.synchronous(impl.function, f"hook {hook_name} ({where})")
+                if function is not impl.function:
+                    setattr(impl, "function", function)  # noqa: B010 (HookImpl.function is Final to type checkers)
 
 
 def build_manager(names: Collection[str] | None = None, plugins: Iterable[object] = ()) -> PluginManager:

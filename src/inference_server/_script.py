@@ -46,7 +46,7 @@ from typing import Any, NamedTuple, TypeVar
 import werkzeug.exceptions
 from werkzeug.datastructures import MIMEAccept
 
-from inference_server import batching, codecs, containers, default_plugin
+from inference_server import _loop, batching, codecs, containers, default_plugin
 from inference_server._hookspecs import plugin_hook
 from inference_server._settings import Settings
 from inference_server.errors import PluginError
@@ -248,7 +248,10 @@ class ScriptPlugin:
         arity = {"model_fn": 1, "input_fn": 2, "predict_fn": 2, "output_fn": 2, "transform_fn": 4}
         arity |= {"pre_model_fn": 1, "model_warmup_fn": 2, "model_metadata": 1}
         self.context = {name: _takes_context(function, arity[name]) for name, function in functions.items()}
-        self.functions = functions
+        #: The functions called: an ``async def`` (or async generator) one runs on the worker's event loop.
+        self.functions = {
+            name: _loop.synchronous(function, f"{name} of {where}") for name, function in functions.items()
+        }
         self.default_accept = (
             containers.FIXED_ACCEPT.get(defaults)
             or os.environ.get("SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT")
