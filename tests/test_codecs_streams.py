@@ -127,3 +127,27 @@ def test_an_accept_that_allows_no_streamed_type_is_a_406_and_closes_the_generato
     assert "text/plain" not in caught.value.description
     assert closed == [True]
     assert list(itertools.islice(default_plugin.output_fn(tokens("x"), accept("text/plain"))[0], 1)) == [b"x"]
+
+
+@pytest.mark.parametrize("media_type", [*streams.MEDIA_TYPES, "raw"])
+def test_closing_the_chunks_closes_the_records_at_once(media_type: str) -> None:
+    """Closing the encoded chunks (a client that went away) closes the records' iterator then, not when it is
+    collected: a generator's finally runs."""
+    closed = []
+
+    def generated() -> Iterator[Any]:
+        try:
+            while True:
+                yield b"x" if media_type == "raw" else "x"
+        finally:
+            closed.append(True)
+
+    records = generated()
+    first = next(records)
+    chunks = streams.raw(first, records) if media_type == "raw" else streams.encode(media_type, first, records)
+    next(chunks)
+    next(chunks)
+    held = [records]  # a reference elsewhere (a traceback, a log record) keeps it from being collected
+    chunks.close()  # type: ignore[attr-defined]
+    assert closed == [True]
+    assert held

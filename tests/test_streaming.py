@@ -75,6 +75,40 @@ STREAMER = """
 """
 
 
+#: STREAMER's generator as an async generator predict_fn (no ``raw``): it waits with ``asyncio.sleep``.
+ASYNC_STREAMER = """
+    import asyncio
+    import pathlib
+    import time
+
+    import inference_server
+
+    @inference_server.plugin_hook
+    def model_fn(model_dir):
+        return model_dir
+
+    @inference_server.plugin_hook
+    async def predict_fn(data, model):
+        count = 0
+        try:
+            for index, item in enumerate(data.get("items", [])):
+                if index == 1 and data.get("gate"):
+                    deadline = time.monotonic() + 30
+                    while not pathlib.Path(data["gate"]).exists() and time.monotonic() < deadline:
+                        await asyncio.sleep(0.01)
+                if index == data.get("fail_at"):
+                    raise RuntimeError("the model failed mid-stream")
+                await asyncio.sleep(data.get("pause", 0))
+                count += 1
+                yield item
+        finally:
+            if data.get("finally"):
+                written = pathlib.Path(data["finally"] + ".part")
+                written.write_text(str(count))
+                written.rename(data["finally"])
+"""
+
+
 _open: list[http.client.HTTPConnection] = []
 
 
@@ -112,6 +146,11 @@ def streamer(plugin_site: Any) -> None:
 
 
 @pytest.fixture
+def async_streamer(plugin_site: Any) -> None:
+    plugin_site.add("async_streamer", ASYNC_STREAMER)
+
+
+@pytest.fixture
 def aws(monkeypatch: pytest.MonkeyPatch) -> Any:
     """``aws(server)``: boto3's SageMaker Runtime client pointed at ``server``."""
 
@@ -124,14 +163,23 @@ def aws(monkeypatch: pytest.MonkeyPatch) -> Any:
 
 
 @pytest.mark.parametrize(
-    ("backend", "stream_timeout"), [("granian", "600"), ("gunicorn", "600"), ("granian", "0"), ("gunicorn", "0")]
+    ("backend", "stream_timeout", "model"),
+    [
+        ("granian", "600", "sync"),
+        ("gunicorn", "600", "sync"),
+        ("granian", "0", "sync"),
+        ("gunicorn", "0", "sync"),
+        ("granian", "600", "async"),
+        ("gunicorn", "0", "async"),
+    ],
 )
 def test_a_generators_records_are_sent_as_they_are_made(
-    backend: str, stream_timeout: str, streamer: None, servers: Any, tmp_path: Path
+    backend: str, stream_timeout: str, model: str, plugin_site: Any, servers: Any, tmp_path: Path
 ) -> None:
-    """The first JSON Lines record arrives while the generator waits for a file that the test writes only after
-    reading it; the rest follows, chunked, and the generator's finally runs at the end (chunks made on a helper
-    thread under --stream-timeout, or on the server's own with --stream-timeout 0)."""
+    """The first JSON Lines record arrives while the generator (sync, or an async generator predict_fn) waits for a
+    file that the test writes only after reading it; the rest follows, chunked, and the generator's finally runs at
+    the end (chunks made on a helper thread under --stream-timeout, or on the server's own with --stream-timeout 0)."""
+    plugin_site.add("streamer", STREAMER if model == "sync" else ASYNC_STREAMER)
     server = servers.start("--server", backend, "--stream-timeout", stream_timeout)
     gate, done = tmp_path / "gate", tmp_path / "done"
     items = [{"n": 0}, {"n": 1}, {"n": 2}]
@@ -180,11 +228,13 @@ def test_a_json_client_gets_a_streamed_json_array_and_an_impossible_accept_gets_
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("model", ["sync", "async"])
 def test_a_client_that_goes_away_closes_the_generator(
-    backend: str, streamer: None, servers: Any, tmp_path: Path
+    backend: str, model: str, plugin_site: Any, servers: Any, tmp_path: Path
 ) -> None:
-    """A client that disconnects after the first record stops the generator: its finally runs long before it
-    would have made all its records, and the server goes on serving."""
+    """A client that disconnects after the first record stops the generator, sync or async (aclose on the worker's
+    loop): its finally runs long before it would have made all its records, and the server goes on serving."""
+    plugin_site.add("streamer", STREAMER if model == "sync" else ASYNC_STREAMER)
     server = servers.start("--server", backend)
     done = tmp_path / "done"
     response = post(server, "/invocations", {"items": list(range(200)), "pause": 0.05, "finally": str(done)})
@@ -375,3 +425,47 @@ def test_an_open_stream_is_in_flight_and_counted_with_what_it_sent_when_it_ends(
     scraped = scraped_when(lambda scraped: total(scraped, "inference_server_requests_total", route="/invocations") == 1)
     assert total(scraped, "inference_server_response_body_bytes_sum", route="/invocations") == 9
     assert total(scraped, "inference_server_requests_in_flight") == 0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_async_generator_streams_server_sent_events(
+    backend: str, async_streamer: None, servers: Any, tmp_path: Path
+) -> None:
+    """Accept: text/event-stream gets an async generator's records as events, the first before it makes the
+    second."""
+    server = servers.start("--server", backend)
+    gate = tmp_path / "gate"
+    items = ["Hello", {"token": "!", "n": 3}]
+    response = post(server, "/invocations", {"items": items, "gate": str(gate)}, {"Accept": "text/event-stream"})
+    assert response.getheader("Content-Type") == "text/event-stream"
+    events = sseclient.SSEClient(chunks(response)).events()
+    assert next(events).data == "Hello"
+    gate.write_text("go")
+    assert [event.data for event in events] == ['{"token":"!","n":3}']
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_boto3_reads_an_async_generators_event_stream(
+    backend: str, async_streamer: None, servers: Any, aws: Any
+) -> None:
+    """boto3's invoke_endpoint_with_response_stream gets one PayloadPart per record of an async generator, and a
+    ModelStreamError after the records made before it raised."""
+    server = servers.start("--server", backend)
+    runtime = aws(server)
+    response = runtime.invoke_endpoint_with_response_stream(
+        EndpointName="my-endpoint",
+        Body=orjson.dumps({"items": ["a", "b"]}),
+        ContentType="application/json",
+        Accept="text/event-stream",
+    )
+    assert [event["PayloadPart"]["Bytes"] for event in response["Body"]] == [b"data: a\n\n", b"data: b\n\n"]
+    failing = runtime.invoke_endpoint_with_response_stream(
+        EndpointName="my-endpoint",
+        Body=orjson.dumps({"items": [1, 2, 3], "fail_at": 2}),
+        ContentType="application/json",
+    )
+    received: list[bytes] = []
+    with pytest.raises(botocore.exceptions.EventStreamError) as caught, contextlib.closing(failing["Body"]):
+        received.extend(event["PayloadPart"]["Bytes"] for event in failing["Body"])
+    assert received == [b"1\n", b"2\n"]
+    assert caught.value.response["Error"]["Code"] == "ModelStreamError"

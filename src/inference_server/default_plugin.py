@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 import io
-import itertools
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -119,7 +118,7 @@ def _streamed(prediction: Iterator[Any], accept: MIMEAccept, nan: str) -> tuple[
         return iter(()), streams.JSON_LINES
     rest = prediction
     if isinstance(first, (bytes, bytearray, memoryview)):
-        return itertools.chain((first,), rest), "application/octet-stream"
+        return streams.raw(first, rest), "application/octet-stream"
     offered = streams.MEDIA_TYPES if isinstance(first, str) else streams.MEDIA_TYPES[:-1]
     media_type = accept.best_match(offered)
     if media_type is None:

@@ -15,7 +15,6 @@ returns an iterator of chunks to send as they come. The media types:
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import re
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -88,11 +87,14 @@ def text(record: Any, nan: str = "null") -> bytes:
 
 
 def json_array(first: Any, rest: Iterator[Any], nan: str = "null") -> Iterator[bytes]:
-    """The records as one JSON array, sent as they come."""
-    yield b"[" + json.dumps(first, nan)
-    for record in rest:
-        yield b"," + json.dumps(record, nan)
-    yield b"]"
+    """The records as one JSON array, sent as they come; closed, it closes ``rest`` (see :func:`encode`)."""
+    try:
+        yield b"[" + json.dumps(first, nan)
+        for record in rest:
+            yield b"," + json.dumps(record, nan)
+        yield b"]"
+    finally:
+        _close(rest)
 
 
 ENCODERS: dict[str, Callable[[Any, str], bytes]] = {JSON_LINES: json_line, EVENT_STREAM: event, TEXT: text}
@@ -101,8 +103,35 @@ MEDIA_TYPES = (JSON_LINES, EVENT_STREAM, JSON, TEXT)
 
 
 def encode(media_type: str, first: Any, rest: Iterator[Any], nan: str = "null") -> Iterator[bytes]:
-    """The chunks of the stream ``first, *rest`` as ``media_type`` (one of :data:`MEDIA_TYPES`)."""
+    """The chunks of the stream ``first, *rest`` as ``media_type`` (one of :data:`MEDIA_TYPES`).
+
+    Closing them (a client that goes away) closes ``rest`` at once: a generator's ``finally`` runs then, and an
+    async generator's ``aclose()`` on the worker's loop (:mod:`inference_server._loop`), not when it is collected.
+    """
     if media_type == JSON:
         return json_array(first, rest, nan)
-    encoder = ENCODERS[media_type]
-    return (encoder(record, nan) for record in itertools.chain((first,), rest))
+    return _records(ENCODERS[media_type], first, rest, nan)
+
+
+def raw(first: Any, rest: Iterator[Any]) -> Iterator[Any]:
+    """Records sent as they are (bytes-like), closing ``rest`` when closed as :func:`encode` does."""
+    return _records(_as_is, first, rest, "null")
+
+
+def _as_is(record: Any, nan: str) -> Any:
+    return record
+
+
+def _records(encoder: Callable[[Any, str], Any], first: Any, rest: Iterator[Any], nan: str) -> Iterator[Any]:
+    try:
+        yield encoder(first, nan)
+        for record in rest:
+            yield encoder(record, nan)
+    finally:
+        _close(rest)
+
+
+def _close(records: Iterator[Any]) -> None:
+    close = getattr(records, "close", None)
+    if close is not None:
+        close()
