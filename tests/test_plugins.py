@@ -404,3 +404,28 @@ def test_sync_hooks_are_left_as_they_are() -> None:
     assert functions[first] == first.predict_fn
     assert functions[lazy] != lazy.predict_fn
     assert functions[lazy].__wrapped__ == lazy.predict_fn  # type: ignore[attr-defined]
+
+
+#: An async predict_fn that blocks the loop (time.sleep), the mistake the warning names.
+BLOCKING = """
+    import time
+
+    import inference_server
+
+    @inference_server.plugin_hook
+    async def predict_fn(data, model):
+        time.sleep(0.3)
+        return b"slept"
+"""
+
+
+def test_an_async_hook_that_blocks_the_loop_is_named_once_per_worker(servers: Any, plugin_site: Any) -> None:
+    """A server whose async predict_fn calls time.sleep logs one WARNING naming the hook and how long it held
+    the loop, however many requests it answers."""
+    plugin_site.add("blocking", BLOCKING)
+    server = servers.start("--workers", "1")
+    for _ in range(3):
+        assert server.request("POST", "/invocations", b"x", {"Content-Type": "text/plain"}).body == b"slept"
+    warnings = [line for line in server.output().splitlines() if "held the event loop" in line]
+    assert len(warnings) == 1, warnings
+    assert "hook predict_fn (blocking.predict_fn) held the event loop for 0." in warnings[0]
