@@ -4,6 +4,7 @@ import io
 import json
 import subprocess
 import sys
+import types
 from typing import Any
 
 import pytest
@@ -67,6 +68,20 @@ def test_registration_checks() -> None:
     assert testing.hookimpl_is_valid(shipping_forecast.model_fn)
     assert not testing.hookimpl_is_valid(shipping_forecast._predict_weather)
     assert testing.plugin_manager() is testing.plugin_manager()
+
+
+def test_an_async_hook_is_valid(only_plugin: Any) -> None:
+    """hookimpl_is_valid knows a registered async def hook by the function it was written as."""
+    plugin = types.ModuleType("async_plugin")
+
+    @inference_server.plugin_hook
+    async def predict_fn(data: Any, model: Any) -> Any:
+        return data
+
+    plugin.predict_fn = predict_fn  # type: ignore[attr-defined]
+    only_plugin(plugin)
+    assert testing.hookimpl_is_valid(predict_fn)
+    assert testing.predict(b"x") == b"x"
 
 
 def test_importable_without_pytest() -> None:

@@ -130,4 +130,8 @@ def hookimpl_is_valid(function: Callable[..., Any]) -> bool:
     hook = getattr(plugin_manager().hook, function.__name__, None)
     if hook is None or hook.spec is None:
         return False
-    return any(impl.function is function for impl in hook.get_hookimpls())
+    # an async def one is registered wrapped (see _plugins._synchronize), the function it was written as __wrapped__
+    return any(
+        impl.function is function or getattr(impl.function, "__wrapped__", None) is function
+        for impl in hook.get_hookimpls()
+    )
