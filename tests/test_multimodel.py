@@ -250,6 +250,68 @@ def test_a_target_model_without_a_model_root_is_a_clear_400(servers: Any) -> Non
     assert "--model-root" in reply.json()["message"]
 
 
+#: Each model multiplies its rows by its directory's factor; each predict_fn call is logged as "name rows".
+SCALED = """
+    import os
+    import time
+
+    import numpy as np
+
+    import inference_server
+
+    @inference_server.plugin_hook
+    def model_fn(model_dir):
+        name = os.path.basename(model_dir.rstrip("/"))
+        return {"name": name, "factor": float(open(os.path.join(model_dir, "factor")).read())}
+
+    @inference_server.plugin_hook
+    def predict_fn(data, model):
+        with open(os.environ["CALLS_LOG"], "a") as log:
+            log.write(f"{model['name']} {len(data)}\\n")
+        time.sleep(0.05)
+        return np.asarray(data) * model["factor"]
+"""
+
+
+def test_invocations_of_a_multi_model_endpoint_are_micro_batched_per_model(
+    servers: Any, plugin_site: Any, tmp_path: Path
+) -> None:
+    """--max-batch-size 8 on a multi-model endpoint: 24 concurrent invocations of two models through
+    /models/{name}/invoke and TargetModel share predict_fn calls with requests of the same model only (fewer calls
+    than requests, each call of one model), and each answer is its own rows times its own model's factor."""
+    plugin_site.add("scaled", SCALED)
+    calls = tmp_path / "calls.log"
+    root = tmp_path / "root"
+    for name, factor in (("a", 2), ("b", 3)):
+        (root / name).mkdir(parents=True)
+        (root / name / "factor").write_text(str(factor))
+    server = servers.start(
+        *("--multi-model", "--workers", "1", "--max-batch-size", "8", "--model-root", str(root)),
+        plugins=["scaled"],
+        env={"CALLS_LOG": str(calls)},
+    )
+    assert load(server, "a", root / "a").status == 200
+
+    def send(i: int) -> None:
+        row = [[float(i), float(i) + 0.5]]
+        if i % 2:
+            reply = server.request("POST", "/models/a/invoke", orjson.dumps(row), JSON)
+            factor = 2
+        else:
+            headers = {**JSON, "X-Amzn-SageMaker-Target-Model": "b"}
+            reply = server.request("POST", "/invocations", orjson.dumps(row), headers)
+            factor = 3
+        assert reply.status == 200, reply.body
+        assert reply.json() == [[i * factor, (i + 0.5) * factor]]
+
+    with ThreadPoolExecutor(24) as pool:
+        list(pool.map(send, range(24)))
+    logged = [line.split() for line in calls.read_text().splitlines()]
+    assert sum(int(rows) for name, rows in logged if name == "a") == 12
+    assert sum(int(rows) for name, rows in logged if name == "b") == 12
+    assert len(logged) < 24, logged  # groups formed
+
+
 def test_requests_for_models_that_are_not_loaded_get_no_model_label(
     servers: Any, plugin_site: Any, tmp_path: Path
 ) -> None:

@@ -170,13 +170,14 @@ class App:
         """What an invocation of the multi-model endpoint's model ``name`` runs: loaded through the model
         management API, or (``target_model``) SageMaker Runtime's ``TargetModel`` under ``--model-root``; the model
         loads on first use, within the request's deadline. One per name, kept once its model has loaded (so that
-        names of no model never fill the cache), for at most 10,000 names."""
+        names of no model never fill the cache), for at most 10,000 names. Micro-batched as the app's own model is,
+        by the worker's one batcher, which groups inputs of the same model only (its groups are keyed by model)."""
         assert self.multi_model is not None
         key = (name, target_model)
         target = self._model_targets.get(key)
         if target is None:
             load = self.multi_model.target_model if target_model else self.multi_model.model
-            target = Target(self.pipeline, functools.partial(self._keep_target, key, load, name))
+            target = Target(self.pipeline, functools.partial(self._keep_target, key, load, name), self.target.batcher)
         return target
 
     def invoked(self, request: Request) -> Target:
@@ -209,7 +210,7 @@ class App:
         """Load model ``name`` and, now that it exists, remember its target."""
         model = load(name)
         if key not in self._model_targets and len(self._model_targets) < 10_000:
-            self._model_targets[key] = Target(self.pipeline, functools.partial(load, name))
+            self._model_targets[key] = Target(self.pipeline, functools.partial(load, name), self.target.batcher)
         return model
 
     def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[codecs.Buffer]:
