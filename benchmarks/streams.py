@@ -19,10 +19,10 @@ The contenders, each one worker, started afresh for every run:
   ``predict_fn`` returns a generator that yields each record after ``time.sleep(0.1)`` (``PLUGIN``), everything else
   at its default.
 - ``ours-sync-1000``: the same with ``--threads 1000`` (issue 39's measurement).
-
-Not here yet: ours with an async generator (``async def predict_fn`` yielding after ``asyncio.sleep``), the
-contender issue 39's first target is about (wall time <= 1.3x the ceiling at 2,000 clients). Hooks cannot be
-``async def`` today; add it when async hooks land.
+- ``ours-async-1000``: ours with an async generator (``async def predict_fn`` yielding each record after
+  ``asyncio.sleep(0.1)``, ``PLUGIN_ASYNC``) and ``--threads 1000``: the contender issue 39's first target is about
+  (wall time <= 1.3x the ceiling at 2,000 clients). Until the request path runs on the worker's event loop, each of
+  its items is awaited there while the stream's server thread waits: it still takes a thread per stream.
 
 The clients share the machine with the server (one process, one event loop): on a small machine they take a share
 of its CPU, the same for every contender. Rotating order across rounds, medians, ratios to the ceiling's wall time.
@@ -63,12 +63,14 @@ RECORDS, PAUSE = 20, 0.1
 CHUNKS = [json.dumps(f" token{i}").encode() + b"\n" for i in range(RECORDS)]
 EXPECTED = b"".join(CHUNKS)
 BODY = b'{"prompt": "fair isle"}'
-#: Every contender; ``ours-sync-N`` is ours with a sync generator and ``--threads N``.
-NAMES = ("ceiling", "ours-sync-64", "ours-sync-1000")
+#: Every contender; ``ours-sync-N`` is ours with a sync generator and ``--threads N``, ``ours-async-N`` with an
+#: async one.
+NAMES = ("ceiling", "ours-sync-64", "ours-sync-1000", "ours-async-1000")
 TITLES = {
     "ceiling": "granian RSGI ceiling (asyncio.sleep)",
     "ours-sync-64": "ours, sync generator, --threads 64",
     "ours-sync-1000": "ours, sync generator, --threads 1000",
+    "ours-async-1000": "ours, async generator, --threads 1000",
 }
 #: Issue 39's target for a sync generator with ``--threads 64``: the worker's threads stay under --threads + 40.
 THREADS_MARGIN = 40
@@ -93,6 +95,21 @@ PLUGIN = f"""
     def _records():
         for i in range(RECORDS):
             time.sleep(PAUSE)  # a model's work for the next record
+            yield f" token{{i}}"
+"""
+
+PLUGIN_ASYNC = f"""
+    import asyncio
+
+    import inference_server
+
+    RECORDS, PAUSE = {RECORDS}, {PAUSE}
+
+
+    @inference_server.plugin_hook
+    async def predict_fn(data, model):
+        for i in range(RECORDS):
+            await asyncio.sleep(PAUSE)  # a model's asynchronous work for the next record
             yield f" token{{i}}"
 """
 
@@ -266,9 +283,8 @@ def serving(name: str, site: Path) -> Iterator[tuple[subprocess.Popen[bytes], in
     """Start contender ``name`` in a process group of its own on a free port; yield it and its port once it
     answers."""
     port = h.free_port()
-    env = h.base_env(
-        PYTHONPATH=str(site), INFERENCE_SERVER_PLUGINS="bench_streams", INFERENCE_SERVER_LOG_LEVEL="warning"
-    )
+    plugin = "bench_streams_async" if name.startswith("ours-async") else "bench_streams"
+    env = h.base_env(PYTHONPATH=str(site), INFERENCE_SERVER_PLUGINS=plugin, INFERENCE_SERVER_LOG_LEVEL="warning")
     if name == "ceiling":
         command = [h.PYTHON, "-m", "granian", "--interface", "rsgi", "--host", "127.0.0.1", "--port", str(port)]
         command += ["--workers", "1", "--backlog", str(BACKLOG), "--backpressure", str(MAX_CONNECTIONS)]
@@ -352,7 +368,7 @@ def main() -> None:
     variant = "quick" if args.quick else (None if clients == 2000 else f"{clients}-clients")
     run = _results.Run("streams", variant)
     _raise_file_limit(clients)
-    site = h.plugin_site({"bench_streams": PLUGIN})
+    site = h.plugin_site({"bench_streams": PLUGIN, "bench_streams_async": PLUGIN_ASYNC})
     (site / "bench_ceiling.py").write_text(textwrap.dedent(CEILING))
     print(
         f"Python {platform.python_version()}, granian {granian.__version__}, {h.load()}; {clients} clients, "
@@ -424,7 +440,7 @@ def main() -> None:
         f"reading {RECORDS} JSON Lines records made {PAUSE * 1000:g} ms apart; 1 worker; {rounds} round(s) in a "
         "rotating order, medians; peak threads of the worker from /proc"
     )
-    notes = "ours with an async generator is not measured: hooks cannot be async yet (issue 39)"
+    notes = "ours with an async generator still holds a server thread per stream: the request path is WSGI (issue 39)"
     run.write(args.results, "Concurrent streams (streams.py)", setup, notes)
 
 
