@@ -502,6 +502,26 @@ def _established(port: int) -> int:
     return count
 
 
+def _never_reading(server: Any, request: bytes, held: list[socket.socket], count: int = 12) -> None:
+    """Open ``count`` connections (into ``held``) that send ``request`` and never read its answer (a small window)."""
+    for _ in range(count):
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        held.append(sock)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # (before connecting: a small window)
+        sock.connect(("127.0.0.1", server.port))
+        sock.sendall(request)
+
+
+def _until_cut(server: Any, baseline: int, deadline: float) -> float:
+    """Seconds until the server holds no more connections than ``baseline``, /ping answering fast meanwhile."""
+    started = time.monotonic()
+    while _established(server.port) > baseline:
+        assert time.monotonic() - started < deadline, f"{_established(server.port)} connections still held"
+        _ping_fast(server)
+        time.sleep(0.5)
+    return time.monotonic() - started
+
+
 def test_clients_that_stop_reading_are_cut_after_the_read_timeout(server: Any) -> None:
     """Attack 7: twice, 12 clients ask for 5 MB answers and never read them. Each connection is cut once its answer
     has made no progress for --read-timeout (3 s): gunicorn's send timeout, granian's TCP_USER_TIMEOUT (which it has
@@ -517,20 +537,10 @@ def test_clients_that_stop_reading_are_cut_after_the_read_timeout(server: Any) -
     baseline = _established(server.port)
     after = []
     for _ in range(2):
-        held = []
+        held: list[socket.socket] = []
         try:
-            for _ in range(12):
-                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # (before connecting: a small window)
-                sock.connect(("127.0.0.1", server.port))
-                sock.sendall(head + body)
-                held.append(sock)
-            started = time.monotonic()
-            while _established(server.port) > baseline:
-                assert time.monotonic() - started < 30, f"{_established(server.port)} connections still held"
-                _ping_fast(server)
-                time.sleep(0.5)
-            cut_after = time.monotonic() - started
+            _never_reading(server, head + body, held)
+            cut_after = _until_cut(server, baseline, 30)
         finally:
             for sock in held:
                 sock.close()
@@ -549,19 +559,10 @@ def test_clients_that_never_read_an_answer_that_fits_in_the_buffers_are_cut(serv
     request = head + b"Content-Length: %d\r\n\r\n" % (256 << 10) + bytes(256 << 10)
     _wait_for_the_write_timeout(server)
     baseline = _established(server.port)
-    held = []
+    held: list[socket.socket] = []
     try:
-        for _ in range(12):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # (before connecting: a small window)
-            sock.connect(("127.0.0.1", server.port))
-            sock.sendall(request)
-            held.append(sock)
-        started = time.monotonic()
-        while _established(server.port) > baseline:
-            assert time.monotonic() - started < 40, f"{_established(server.port)} connections still held"
-            _ping_fast(server)
-            time.sleep(0.5)
+        _never_reading(server, request, held)
+        _until_cut(server, baseline, 40)
     finally:
         for sock in held:
             sock.close()
