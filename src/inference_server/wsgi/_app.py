@@ -25,12 +25,12 @@ from inference_server.wsgi import models, prometheus, runtime, sagemaker, v2
 from inference_server.wsgi._body import BODY_BYTES, unsupported_coding
 from inference_server.wsgi._invoke import (
     MODEL,
-    TARGET_MODEL_HEADERS,
     Backend,
     Lifecycle,
     Target,
     WorkerState,
     target_model,
+    target_model_header,
 )
 from inference_server.wsgi._replies import STATUS_LINES, Body, Handler, Reply, Request, close, error_for
 
@@ -185,12 +185,8 @@ class App:
         under ``--model-root``. A ``TargetModel`` is never ignored: one that SageMaker's InvokeEndpoint would refuse
         is a 400, and so is any on a server of one model (SageMaker refuses it for an endpoint of one model).
         granian hands the app a header value that is not visible ASCII as an empty one; both are refused alike."""
-        environ = request.environ
-        for header in TARGET_MODEL_HEADERS:
-            name = environ.get(header)
-            if name is not None:
-                break
-        else:
+        name = target_model_header(request.environ)
+        if name is None:
             return self.target
         if not _TARGET_MODEL.fullmatch(name):
             raise BadRequest(
@@ -203,7 +199,7 @@ class App:
                 "for an endpoint of one model): start it with --model-root DIR (DIR/<TargetModel> holds each model) "
                 "to serve a multi-model endpoint"
             )
-        environ[MODEL] = name
+        request.environ[MODEL] = name
         return self.model_target(name, target_model=True)
 
     def _keep_target(self, key: tuple[str, bool], load: Callable[[str], Any], name: str) -> Any:

@@ -34,13 +34,18 @@ MODEL = "inference_server.model"
 TARGET_MODEL_HEADERS = ("HTTP_X_AMZN_SAGEMAKER_TARGET_MODEL", "HTTP_X_AMZN_TARGET_MODEL")
 
 
-def target_model(environ: WSGIEnvironment) -> str | None:
-    """The request's ``TargetModel`` header, under either name, or None."""
+def target_model_header(environ: WSGIEnvironment) -> str | None:
+    """The request's ``TargetModel`` header as sent, under either name (empty if sent empty), or None."""
     for header in TARGET_MODEL_HEADERS:
         value = environ.get(header)
-        if value:
+        if value is not None:
             return str(value)
     return None
+
+
+def target_model(environ: WSGIEnvironment) -> str | None:
+    """The request's ``TargetModel``, or None (for an empty one too)."""
+    return target_model_header(environ) or None
 
 
 #: Seconds an overrunning request's work may go on after its 504 before the worker is replaced.
