@@ -342,15 +342,22 @@ def test_quiet_shows_no_line_of_the_engine(
 def test_a_file_that_kills_its_worker_fails_alone(engine: str, tmp_path: Path, servers: Any, plugin_site: Any) -> None:
     """A file whose model call kills the worker process fails with the reason and the other files are transformed
     (Dask gives up on it after its workers died, Ray's pool replaces the dead actor, neither retries it without end);
-    under --quiet, the engine says nothing below error level."""
+    under --quiet, the engine says nothing below error level. On Dask a file that was waiting on a worker as it died
+    may be given up with it (Dask counts it as suspect too): each file either fails so or is transformed whole."""
     job = _crash_job(tmp_path, servers, plugin_site)
     job.write("crash.csv", b"crash\n")
     options = ("--split-type", "Line", "--content-type", "text/csv", "--model-dir", str(tmp_path), "--quiet")
     result = job.run(*options, "--engine", engine, "--workers", "2")
     assert result.returncode == 1, result.stderr[-3000:]
     failed = [line for line in result.stderr.splitlines() if line.startswith("failed: ")]
-    reason = "KilledWorker: " if engine == "dask" else "its Ray actor died: "
-    assert [line[: len(f"failed: crash.csv: {reason}")] for line in failed] == [f"failed: crash.csv: {reason}"]
+    reason = "KilledWorker:" if engine == "dask" else "its Ray actor died: "
+    names = [line.removeprefix("failed: ").split(": ", 1)[0] for line in failed]
+    assert "crash.csv" in names, failed
+    assert all(reason in line for line in failed), failed
+    if engine == "ray":
+        assert names == ["crash.csv"], failed
+    assert len(names) < 5, failed  # the job went on: not every file was given up
     assert [line for line in (result.stderr + result.stdout).splitlines() if BELOW_ERROR.search(line)] == []
     for i in range(4):
-        assert job.out(f"part-{i}.csv") == b"".join(b"%d,%d\n" % (i, n) for n in range(50)).upper()
+        if f"part-{i}.csv" not in names:
+            assert job.out(f"part-{i}.csv") == b"".join(b"%d,%d\n" % (i, n) for n in range(50)).upper()
