@@ -32,6 +32,8 @@ READY_DEADLINE = 30.0
 #: The plugins in-process tests run with: the example's, whatever else is installed (hermetic: a plugin of the
 #: user's own in the same environment cannot change the tests' answers). Servers choose theirs explicitly too.
 PLUGINS = "shipping_forecast"
+#: ``TEST_GRANIAN_INTERFACE=rsgi``: every server the tests start on granian serves through the event-loop front.
+GRANIAN_INTERFACE = os.environ.get("TEST_GRANIAN_INTERFACE", "")
 
 
 @pytest.fixture(autouse=True)
@@ -470,6 +472,8 @@ class ServerFactory:
         paths = [str(self.plugin_site.path), environment.get("PYTHONPATH", "")]
         environment["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
         environment["INFERENCE_SERVER_PLUGINS"] = ",".join(self.plugin_site.names if plugins is None else plugins)
+        if GRANIAN_INTERFACE:  # the whole suite's servers on granian's event-loop front (issue 39's transition)
+            environment["INFERENCE_SERVER_GRANIAN_INTERFACE"] = GRANIAN_INTERFACE
         environment.update(env or {})
         return environment
 

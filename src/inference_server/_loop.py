@@ -1,9 +1,10 @@
 """The worker's event loop, where ``async def`` hooks run: one asyncio loop per process, on a daemon thread of its own.
 
-This is the loop the event-loop request lifecycle (issue 39) will run requests on. For now a request is a WSGI call:
-its sync hooks still run on the request's thread, and for an async one that thread waits here for the result
-(:func:`run`). The loop is started by the first async hook call, never when no hook is async, and again in a child
-after a fork (the parent's loop thread does not exist there). A hook's coroutine runs in a copy of the caller's
+Under a WSGI front a request is a blocking call: its sync hooks run on the request's thread, and for an async one that
+thread waits here for the result (:func:`run`); the loop is started by the first async hook call, never when no hook
+is async, and again in a child after a fork (the parent's loop thread does not exist there). Under the event-loop
+front (granian's RSGI interface) the server's own loop is adopted (:func:`adopt`): requests and async hooks share it,
+and a sync caller on a model thread waits for an async hook there. A hook's coroutine runs in a copy of the caller's
 ``contextvars`` context, and what it sets there is set in the caller's afterwards, as for a sync hook.
 
 An async generator becomes a sync iterator (:class:`Items`) whose items are each awaited on the loop; its
@@ -43,15 +44,20 @@ THREAD_NAME = "inference-server-loop"
 
 
 class _Running:
-    """This process's loop and its thread."""
+    """This process's loop and the ident of the thread that runs it (a daemon thread of ours, or the server's)."""
 
-    def __init__(self) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        self.pid = os.getpid()
+        self.ident: int | None
+        if loop is not None:
+            self.loop, self.ident = loop, threading.get_ident()
+            return
         import asyncio  # only once a hook is async: a server of sync hooks never imports it for us
 
-        self.pid = os.getpid()
         self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name=THREAD_NAME, daemon=True)
-        self.thread.start()
+        thread = threading.Thread(target=self.loop.run_forever, name=THREAD_NAME, daemon=True)
+        thread.start()
+        self.ident = thread.ident
 
 
 _running: _Running | None = None
@@ -76,6 +82,19 @@ def running() -> asyncio.AbstractEventLoop | None:
     return current.loop if current is not None and current.pid == os.getpid() else None
 
 
+def adopt(loop: asyncio.AbstractEventLoop) -> None:
+    """Make ``loop``, running on this thread (an event-loop server's), this process's loop: async hooks run on it."""
+    global _running
+    with _lock:
+        _running = _Running(loop)
+
+
+def on_loop() -> bool:
+    """Whether this thread runs this process's loop."""
+    current = _running
+    return current is not None and current.pid == os.getpid() and current.ident == threading.get_ident()
+
+
 def _started() -> _Running:
     global _running
     current = _running
@@ -92,7 +111,7 @@ def run(awaitable: Awaitable[_T], name: str) -> _T:
     import asyncio
 
     current = _started()
-    if threading.get_ident() == current.thread.ident:
+    if threading.get_ident() == current.ident:
         close = getattr(awaitable, "close", None)
         if close is not None:
             close()  # never to be awaited
@@ -161,17 +180,33 @@ def _blocked(name: str, held: float) -> None:
 
 class Items(Iterator[Any]):
     """An async generator's items as a sync iterator: each awaited on the loop; ``close()`` runs its ``aclose()``
-    there (its ``finally`` runs)."""
+    there (its ``finally`` runs).
 
-    __slots__ = ("_done", "_generator", "_name")
+    On the loop itself nothing can wait: there the event-loop lifecycle awaits the next item first
+    (:meth:`prefetch`), and ``next()`` hands it over; a ``next()`` on the loop with no item fetched (an
+    ``output_fn`` taking several records of an async stream per chunk) is a :class:`RuntimeError` saying so."""
+
+    __slots__ = ("_done", "_ended", "_generator", "_name", "_ready")
 
     def __init__(self, generator: AsyncGenerator[Any, None], name: str) -> None:
         self._generator, self._name = generator, name
         self._done = False
+        self._ended = False  # the generator said it is finished (to a prefetch)
+        self._ready: list[Any] = []
 
     def __next__(self) -> Any:
-        if self._done:
+        if self._ready:
+            return self._ready.pop()
+        if self._done or self._ended:
+            self._done = True
             raise StopIteration
+        if on_loop():
+            self._done = True
+            raise RuntimeError(
+                f"{self._name}: a record of the async generator was asked for on the event loop before it was "
+                "fetched (an output_fn that takes several records per chunk of an async stream); make output_fn "
+                "yield one chunk per record"
+            )
         try:
             return run(self._generator.__anext__(), self._name)
         except StopAsyncIteration:
@@ -181,11 +216,34 @@ class Items(Iterator[Any]):
             self._done = True  # a generator that raised is finished
             raise
 
-    def close(self) -> None:
-        """Run the generator's ``aclose()`` on the loop, unless it is finished."""
+    async def prefetch(self) -> None:
+        """On the loop: await the next item, for the next ``next()`` to hand over (nothing once finished)."""
+        if self._ready or self._done or self._ended:
+            return
+        try:
+            self._ready.append(await _Steps(self._generator.__anext__(), self._name))
+        except StopAsyncIteration:
+            self._ended = True
+        except BaseException:
+            self._done = True
+            raise
+
+    async def aclose(self) -> None:
+        """On the loop: run the generator's ``aclose()``, unless it is finished."""
         if not self._done:
             self._done = True
-            run(self._generator.aclose(), self._name)
+            await self._generator.aclose()
+
+    def close(self) -> None:
+        """Run the generator's ``aclose()`` on the loop, unless it is finished (from the loop itself, as a task)."""
+        if not self._done:
+            self._done = True
+            if on_loop():
+                current = _running
+                assert current is not None
+                current.loop.create_task(self._generator.aclose())
+            else:
+                run(self._generator.aclose(), self._name)
 
 
 def synchronous(function: Callable[..., Any], name: str) -> Callable[..., Any]:
@@ -198,6 +256,7 @@ def synchronous(function: Callable[..., Any], name: str) -> Callable[..., Any]:
         def iterate(*args: Any, **kwargs: Any) -> Items:
             return Items(function(*args, **kwargs), name)
 
+        iterate.asynchronous = _generating(function, name)  # type: ignore[attr-defined]
         return iterate
     if inspect.iscoroutinefunction(function):
 
@@ -205,5 +264,33 @@ def synchronous(function: Callable[..., Any], name: str) -> Callable[..., Any]:
         def call(*args: Any, **kwargs: Any) -> Any:
             return run(function(*args, **kwargs), name)
 
+        call.asynchronous = Steps(function, name)  # type: ignore[attr-defined]
         return call
     return function
+
+
+class Steps:
+    """An ``async def`` hook awaited on the loop itself, each step timed as :func:`run` does (what the event-loop
+    lifecycle calls in place of the sync function :func:`synchronous` made of it)."""
+
+    __slots__ = ("function", "name")
+
+    def __init__(self, function: Callable[..., Awaitable[Any]], name: str) -> None:
+        self.function, self.name = function, name
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Awaitable[Any]:
+        return _Steps(self.function(*args, **kwargs), self.name)
+
+
+def _generating(function: Callable[..., AsyncGenerator[Any, None]], name: str) -> Callable[..., Awaitable[Items]]:
+    """An async generator function as the event-loop lifecycle calls it: a coroutine giving its :class:`Items`."""
+
+    async def generate(*args: Any, **kwargs: Any) -> Items:
+        return Items(function(*args, **kwargs), name)
+
+    return generate
+
+
+def asynchronous(function: Callable[..., Any]) -> Callable[..., Awaitable[Any]] | None:
+    """The ``async def`` a function of :func:`synchronous` runs, to be awaited on the loop; None for a sync one."""
+    return getattr(function, "asynchronous", None)

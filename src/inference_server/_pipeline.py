@@ -8,25 +8,31 @@ each invocation runs its hooks in a copy of the caller's ``contextvars`` context
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import io
 import logging
 import time
-from collections.abc import Callable, Hashable, Iterator
-from typing import Any, NamedTuple, Protocol
+from collections.abc import Awaitable, Callable, Hashable, Iterator
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 import pluggy
 import werkzeug.exceptions
 import werkzeug.http
 from werkzeug.datastructures import MIMEAccept
 
-from inference_server import _models, _plugins, _script, _tracing, codecs, default_plugin, metrics
+from inference_server import _loop, _models, _plugins, _script, _tracing, codecs, default_plugin, metrics
 from inference_server._settings import BatchStrategy, Settings
 from inference_server.errors import ConfigurationError, HookError, HTTPError, ModelLoadError, UnsupportedMediaType
 
 logger = logging.getLogger("inference_server")
 
 _MB = 1 << 20
+_T = TypeVar("_T")
+
+#: How the event-loop lifecycle runs a sync hook off the loop: ``on_thread(function, *args)`` runs it on a model
+#: thread (under a model slot) in a copy of the caller's context, sets there what it set, and gives its result.
+OnThread = Callable[..., Awaitable[Any]]
 
 
 class Output(NamedTuple):
@@ -73,12 +79,15 @@ class Stream:
     """The chunks of an iterator that ``output_fn`` returned (a generator ``predict_fn`` made, encoded one by one),
     each made when asked for, in the invocation's context: the context variables its hooks saw."""
 
-    __slots__ = ("_chunks", "context")
+    __slots__ = ("_chunks", "context", "records")
 
     def __init__(self, chunks: Iterator[Any]) -> None:
         self._chunks = chunks
         #: Where each chunk is made (set by :meth:`Pipeline.invoke` to the invocation's own).
         self.context = contextvars.Context()
+        #: The records of an async generator ``predict_fn`` made, when they are what the chunks are made of: the
+        #: event-loop lifecycle awaits each on the loop (:meth:`_loop.Items.prefetch`), then makes its chunk there.
+        self.records: _loop.Items | None = None
 
     def next(self) -> codecs.Buffer | None:
         """The next chunk that is not empty, or None at the end; a :class:`HookError` if the iterator raised."""
@@ -99,6 +108,39 @@ class Stream:
         close = getattr(self._chunks, "close", None)
         if close is not None:
             self.context.run(close)
+
+    def next_made(self) -> codecs.Buffer | None:
+        """The next chunk, empty ones included (each made of one record, so that each record can be fetched
+        first), or None at the end; a :class:`HookError` if the iterator raised."""
+        try:
+            item = self.context.run(next, self._chunks)
+        except StopIteration:
+            return None
+        except Exception as exc:
+            raise HookError("output_fn", exc, summary=f"the response stream raised {type(exc).__name__}") from exc
+        return _chunk(item)
+
+    async def anext(self) -> codecs.Buffer | None:
+        """On the event loop, for a stream of an async generator's records: the next chunk that is not empty, or
+        None at the end (each record awaited on the loop, its chunk made there)."""
+        records = self.records
+        assert records is not None
+        while True:
+            try:
+                await records.prefetch()
+            except Exception as exc:
+                raise HookError("predict_fn", exc, summary=f"the response stream raised {type(exc).__name__}") from exc
+            chunk = self.next_made()
+            if chunk is None or memoryview(chunk).nbytes:
+                return chunk
+
+    async def aclose(self) -> None:
+        """On the event loop: close the chunks' iterator, then the async generator's records (``aclose()``)."""
+        try:
+            self.close()
+        finally:
+            if self.records is not None:
+                await self.records.aclose()
 
     def drain(self) -> list[codecs.Buffer]:
         """Every remaining chunk (for callers that answer whole: Batch Transform)."""
@@ -163,6 +205,19 @@ class Pipeline:
         self._input_fn = _plugins.first_result_caller(pm, "input_fn")
         self._predict_fn = _plugins.first_result_caller(pm, "predict_fn")
         self._output_fn = _plugins.first_result_caller(pm, "output_fn")
+        #: The stages for the event-loop lifecycle (:meth:`ainvoke`): each is awaited on the loop (an ``async def``
+        #: hook), called on the loop (the built-in hook alone: ours, and quick), or run on a model thread.
+        self._stages = {
+            hook: _Stage(sync, _plugins.async_caller(pm, hook), _plugins.is_default(pm, hook))
+            for hook, sync in (
+                ("input_fn", self._input_fn),
+                ("predict_fn", self._predict_fn),
+                ("output_fn", self._output_fn),
+            )
+        }
+        #: Whether a hook of an invocation is ``async def``: the event-loop lifecycle then runs it with
+        #: :meth:`ainvoke`, else all of it on one model thread with :meth:`invoke`.
+        self.asynchronous = any(stage.awaited is not None for stage in self._stages.values())
         #: Where the hooks' times are counted (``--metrics``), else None.
         self._timed = metrics.recorder.timed if settings.metrics else None
         self._tracing = _tracing.create()
@@ -239,6 +294,80 @@ class Pipeline:
             return output._replace(buffers=[], stream=None)
         return output._replace(buffers=[first], stream=stream)
 
+    async def ainvoke(
+        self,
+        body: codecs.Buffer,
+        content_type: str,
+        accept: str,
+        model: Any,
+        on_thread: OnThread,
+        framing: Framing | None = None,
+    ) -> Output:
+        """:meth:`invoke` on the event loop, for a pipeline with an ``async def`` hook (:attr:`asynchronous`): async
+        hooks awaited on the loop, the built-in hooks called there, a plugin's sync hooks run by ``on_thread`` (a
+        model thread). A streamed answer's first chunk is made now, the rest left in :attr:`Output.stream`. The
+        hooks run in a copy of the caller's context, as with :meth:`invoke`."""
+        output, context = await asyncio.ensure_future(  # (a task: its context is a copy of the caller's)
+            self._ainvoke(body, content_type, accept, model, on_thread, framing)
+        )
+        if output.stream is None:
+            return output
+        stream = output.stream
+        stream.context = context
+        try:
+            first = await stream.anext() if stream.records is not None else await on_thread(stream.next)
+        except BaseException:
+            await stream.aclose() if stream.records is not None else stream.close()
+            raise
+        if first is None:
+            await stream.aclose() if stream.records is not None else stream.close()
+            return output._replace(buffers=[], stream=None)
+        return output._replace(buffers=[first], stream=stream)
+
+    async def _ainvoke(
+        self,
+        body: codecs.Buffer,
+        content_type: str,
+        accept: str,
+        model: Any,
+        on_thread: OnThread,
+        framing: Framing | None,
+    ) -> tuple[Output, contextvars.Context]:
+        default_plugin.current.set((self._defaults, content_type))
+        hooks = _HOOKS if framing is None else framing.stages
+        stages = self._stages
+        tracing = self._tracing
+        hook, data = hooks[0], None
+        try:
+            started = time.perf_counter()
+            with tracing.stage(hook) if tracing is not None else _NO_SPAN:
+                if framing is None:
+                    data = await stages["input_fn"].run(on_thread, body, content_type)
+                else:
+                    data = await on_thread(framing.decode, body, model)
+            hook = "predict_fn"
+            decoded = time.perf_counter()
+            with tracing.stage(hook) if tracing is not None else _NO_SPAN:
+                prediction = await stages["predict_fn"].run(on_thread, data, model)
+                if isinstance(prediction, _loop.Items):
+                    await prediction.prefetch()  # the first record, which output_fn may look at on the loop
+            hook = hooks[2]
+            predicted = time.perf_counter()
+            with tracing.stage(hook) if tracing is not None else _NO_SPAN:
+                if framing is None:
+                    output = _output(await stages["output_fn"].run(on_thread, prediction, parse_accept(accept)))
+                else:
+                    output = await on_thread(framing.encode, prediction)
+            if output.stream is not None and isinstance(prediction, _loop.Items):
+                output.stream.records = prediction
+            if self._timed is not None:
+                self._timed((started, decoded, predicted, time.perf_counter()))
+            return output, contextvars.copy_context()
+        except (HTTPError, HookError, werkzeug.exceptions.HTTPException):
+            raise
+        except Exception as exc:
+            raise _failed(hook, exc, data is body, content_type) from exc
+
     def _invoke(
         self,
         body: codecs.Buffer,
@@ -265,6 +394,8 @@ class Pipeline:
                 output = _output(self._output_fn(prediction, parse_accept(accept)))
             else:
                 output = framing.encode(prediction)
+            if output.stream is not None and isinstance(prediction, _loop.Items):
+                output.stream.records = prediction
             if self._timed is not None:
                 self._timed((started, decoded, predicted, time.perf_counter()))
             return output
@@ -301,6 +432,8 @@ class Pipeline:
                     output = _output(self._output_fn(prediction, parse_accept(accept)))
                 else:
                     output = framing.encode(prediction)
+            if output.stream is not None and isinstance(prediction, _loop.Items):
+                output.stream.records = prediction
             if self._timed is not None:
                 self._timed((started, decoded, predicted, time.perf_counter()))
             return output
@@ -308,6 +441,36 @@ class Pipeline:
             raise
         except Exception as exc:
             raise _failed(hook, exc, data is body, content_type) from exc
+
+
+class _Stage(NamedTuple):
+    """One hook of an invocation as the event-loop lifecycle runs it."""
+
+    sync: Callable[..., Any]
+    #: The first-result caller to await, when an implementation is ``async def``.
+    awaited: Callable[..., Awaitable[Any]] | None
+    #: The built-in implementation alone: called on the loop.
+    inline: bool
+
+    async def run(self, on_thread: OnThread, *args: Any) -> Any:
+        if self.awaited is not None:
+            return await self.awaited(*args)
+        if self.inline:
+            return self.sync(*args)
+        return await on_thread(self.sync, *args)
+
+
+class _NoSpan:
+    """A context manager doing nothing (no tracing)."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+_NO_SPAN = _NoSpan()
 
 
 @codecs.cache_short(256)

@@ -13,7 +13,7 @@ import logging
 import os
 import re
 import threading
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Awaitable, Callable, Collection, Iterable
 from typing import Any
 
 import pluggy
@@ -284,6 +284,41 @@ def first_result_caller(pm: pluggy.PluginManager, name: str) -> Callable[..., An
         return None
 
     return call
+
+
+def async_caller(pm: pluggy.PluginManager, name: str) -> Callable[..., Awaitable[Any]] | None:
+    """For a hook with an ``async def`` implementation, a caller with pluggy's first-result rule to await on the event
+    loop: the async implementations are awaited there, the sync ones (built-in defaults below a plugin's) called
+    inline. None when no implementation is async, or a plugin wraps the hook (then it runs as a sync call)."""
+    implementations = getattr(pm.hook, name).get_hookimpls()
+    if any(impl.hookwrapper or impl.wrapper for impl in implementations):
+        return None
+    if not any(_loop.asynchronous(impl.function) for impl in implementations):
+        return None
+    argnames: tuple[str, ...] = getattr(pm.hook, name).spec.argnames
+    ordered = [
+        (
+            _loop.asynchronous(impl.function),
+            impl.function,
+            None if tuple(impl.argnames) == argnames else tuple(map(argnames.index, impl.argnames)),
+        )
+        for impl in reversed(implementations)
+    ]
+
+    async def call(*args: Any) -> Any:
+        for awaited, function, picked in ordered:
+            given = args if picked is None else [args[index] for index in picked]
+            result = await awaited(*given) if awaited is not None else function(*given)
+            if result is not None:
+                return result
+        return None
+
+    return call
+
+
+def is_default(pm: pluggy.PluginManager, name: str) -> bool:
+    """Whether hook ``name`` has only the built-in implementation (quick, and ours: it may run on the event loop)."""
+    return all(impl.plugin_name == DEFAULTS_NAME for impl in getattr(pm.hook, name).get_hookimpls())
 
 
 def _load(entry_point: importlib.metadata.EntryPoint) -> object:

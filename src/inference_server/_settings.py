@@ -30,6 +30,8 @@ _LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 LOG_FORMATS = ("text", "json")
 #: The HTTP server backends ``serve`` can run.
 SERVERS = ("gunicorn", "granian")
+#: granian's interfaces the app can be served through: WSGI (a thread per request), or RSGI (the event-loop front).
+GRANIAN_INTERFACES = ("wsgi", "rsgi")
 #: Where ``serve`` tells its workers which settings were given as options (see ``Settings.given``).
 GIVEN_ENV = "INFERENCE_SERVER_GIVEN"
 #: The request timeout in a Batch Transform container (``SAGEMAKER_BATCH=true``): SageMaker waits 600 s by default.
@@ -366,6 +368,14 @@ class Settings:
         flag=True,
     )
     #: Accept HTTP/2 (with prior knowledge) beside HTTP/1.1 on granian; SageMaker speaks HTTP/1.1.
+    granian_interface: str = _variable(
+        "wsgi",
+        "INFERENCE_SERVER_GRANIAN_INTERFACE",
+        _one_of(GRANIAN_INTERFACES),
+        "granian's interface: wsgi, or rsgi (a preview of the event-loop request path: /invocations on an event "
+        "loop, with the 504 at the deadline, async hooks and streams that hold no thread; other routes on a bridge)",
+        choices=GRANIAN_INTERFACES,
+    )
     http2: bool = _variable(
         False,
         "INFERENCE_SERVER_HTTP2",

@@ -6,8 +6,9 @@ fails) if any of it disappears:
 
 - ``MPServer`` methods overridden: ``startup`` (to hear SIGUSR1), ``signal_handler_interrupt`` (SIGTERM drains),
   ``_respawn_workers`` and ``_spawn_worker`` (a replacement waits until its successor listens);
-- ``granian._signals.set_main_signals``, wrapped in each worker so that a SIGTERM from outside (to the whole process
-  group) does not stop it: the serving process drains, then stops it;
+- ``granian._signals.set_main_signals`` (and ``set_loop_signals``, for the event-loop front's workers), wrapped in
+  each worker so that a SIGTERM from outside (to the whole process group) does not stop it: the serving process
+  drains, then stops it;
 - ``MPServer`` attributes read or set: ``wrks`` (the workers; each one's ``idx``, ``inner.pid``, ``start``,
   ``terminate`` and ``is_alive``), ``respawned_wrks`` (granian's crash-loop memory), ``interrupt_children``
   (workers to replace), ``main_loop_interrupt`` (wakes the supervisor), ``interrupt_signal`` (stop),
@@ -36,6 +37,7 @@ from inference_server._settings import Settings
 from inference_server.server import KEEPALIVE, SLOW_CLIENT_THREADS, _drain, _port, _state, load_model, server_threads
 from inference_server.wsgi._app import App, Backend
 from inference_server.wsgi._body import Reading
+from inference_server.wsgi._rsgi import Front
 
 logger = logging.getLogger("inference_server")
 
@@ -53,6 +55,7 @@ _READY_WAIT = 120.0
 #: checked on a constructed server.
 INTERNALS: tuple[tuple[object, str], ...] = (
     (granian_signals, "set_main_signals"),
+    (granian_signals, "set_loop_signals"),
     *((MPServer, name) for name in ("startup", "signal_handler_interrupt", "_respawn_workers", "_spawn_worker")),
     *((MPServer, name) for name in ("wrks", "respawned_wrks", "interrupt_children", "main_loop_interrupt")),
     *((MPServer, name) for name in ("interrupt_signal", "workers_kill_timeout")),
@@ -88,10 +91,20 @@ BACKEND = Backend(
 )
 
 
-def granian_app() -> App:
+#: What the app is told under the event-loop front (``--granian-interface rsgi``): its WSGI routes are called on the
+#: front's bridge threads with the body already read into memory, as a PEP 3333 server would hand it over.
+RSGI_BACKEND = Backend(check_head=True, body=Reading(verifies_chunked=False))
+
+
+def granian_rsgi_app() -> Front:
+    """The app factory granian's workers call under ``--granian-interface rsgi``: the event-loop front over the app."""
+    return Front(granian_app(RSGI_BACKEND))
+
+
+def granian_app(backend: Backend = BACKEND) -> App:
     """The app factory granian's workers call: the app from the environment (set by ``serve``), model loaded."""
     settings = Settings.from_env()
-    app = App(settings, _plugins.manager(), BACKEND)
+    app = App(settings, _plugins.manager(), backend)
     app.worker = _state.Worker.attach(_state.recycle_by_supervisor, settings.max_requests, settings.max_requests_jitter)
     if app.worker is not None:
         _stop_only_when_asked(app.worker)
@@ -158,7 +171,27 @@ def _stop_only_when_asked(state: _state.Worker) -> None:
 
         install(handler, reload_handler)  # type: ignore[no-untyped-call]
 
+    install_on_loop = granian_signals.set_loop_signals
+
+    def set_loop_signals(loop: Any) -> Any:  # (the event-loop front's workers: granian's handlers on its loop)
+        stop = install_on_loop(loop)  # type: ignore[no-untyped-call]
+
+        def handler(signum: int) -> None:
+            if not state.stop_requested():  # SIGTERM or SIGINT to the whole group: the serving process handles it
+                logger.info(
+                    "Worker %d: signal %d from outside; it serves until the serving process stops it",
+                    os.getpid(),
+                    signum,
+                )
+                return
+            stop.set()
+
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, handler, signum)
+        return stop
+
     granian_signals.set_main_signals = set_main_signals
+    granian_signals.set_loop_signals = set_loop_signals
 
 
 class _ThreadWarningFilter(logging.Filter):
@@ -189,13 +222,14 @@ class Server(MPServer):
         self.port = settings.port
         #: Indexes of workers whose successor must be listening before they stop.
         self.replacing: set[int] = set()
+        rsgi = settings.granian_interface == "rsgi"
         super().__init__(
-            f"{__name__}:granian_app",
+            f"{__name__}:{'granian_rsgi_app' if rsgi else 'granian_app'}",
             address=settings.host,
             port=settings.port,
-            interface=Interfaces.WSGI,
+            interface=Interfaces.RSGI if rsgi else Interfaces.WSGI,
             workers=settings.workers,
-            blocking_threads=server_threads(settings) + SLOW_CLIENT_THREADS,
+            blocking_threads=1 if rsgi else server_threads(settings) + SLOW_CLIENT_THREADS,
             backlog=BACKLOG,
             backpressure=MAX_CONNECTIONS,
             http=HTTPModes.auto if settings.http2 else HTTPModes.http1,

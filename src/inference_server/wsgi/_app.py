@@ -213,13 +213,11 @@ class App:
         """Answer one request; with ``bytes_only=False`` the body items are buffers (an array's own memory).
 
         The edge: what is measured of every request (metrics, the access-log line, the trace's span) is recorded by
-        :meth:`_finish` once the answer is handed to the server: when this returns, or, for an answer made as it is
+        :meth:`finish` once the answer is handed to the server: when this returns, or, for an answer made as it is
         sent (an iterator), when the server closes it.
         """
         started = time.perf_counter()
-        request_id = environ.get("HTTP_X_REQUEST_ID")
-        if request_id is None or not _REQUEST_ID.fullmatch(request_id):
-            request_id = f"{random.getrandbits(128):032x}"  # unique enough for logs; cheaper than uuid4
+        request_id = request_id_of(environ)
         method = environ["REQUEST_METHOD"]
         bound = _logging.REQUEST.set((request_id, environ.get(INFERENCE_ID)))  # (_logging.bind, without its call)
         span = self._tracing.request(environ, request_id) if self._tracing is not None else None
@@ -228,26 +226,17 @@ class App:
                 status, headers, body = self._dispatch(environ, method, request_id)
             except Exception as exc:
                 status, headers, body = error_for(exc, request_id, environ, self.settings.debug)
-            headers.append(("X-Request-Id", request_id))
-            custom_attributes = environ.get("HTTP_X_AMZN_SAGEMAKER_CUSTOM_ATTRIBUTES")
-            if custom_attributes and not any(k.lower() == CUSTOM_ATTRIBUTES.lower() for k, _ in headers):
-                headers.append((CUSTOM_ATTRIBUTES, custom_attributes))
+            answered(headers, environ, request_id)
             start_response(STATUS_LINES.get(status) or f"{status} Unknown", headers)
         finally:
             _logging.REQUEST.reset(bound)
             if span is not None:
                 span.detach()
         if self._edge:
-            sent = 0
-            for name, value in headers:
-                if name == "Content-Length":
-                    sent = int(value)
-                    break
-            route = environ.get(ROUTE, metrics.OTHER)
-            record = (route, method, status, started, environ.get(BODY_BYTES, 0), sent, environ.get(MODEL, ""))
+            record = self.record(environ, method, status, headers, started)
             kind = type(body)
             if kind is list or kind is tuple or (isinstance(body, Body) and body.whole):
-                self._finish(record, environ, request_id, span)  # the whole answer is handed to the server now
+                self.finish(record, environ, request_id, span)  # the whole answer is handed to the server now
             else:  # an answer made as it is sent: done when the server closes it
                 body = body if isinstance(body, Body) else Body(body)
                 body.add(functools.partial(self._finish_sent, record, body, environ, request_id, span))
@@ -262,6 +251,27 @@ class App:
         body = body if isinstance(body, Body) else Body(body)  # (made as it is sent: converted as it comes)
         return body.prepare(self.backend.bytes_only, hand_over=not self.backend.closes_lists)
 
+    @property
+    def edge(self) -> bool:
+        """Whether what is measured of every request is recorded (metrics, access log or tracing)."""
+        return self._edge
+
+    @property
+    def tracing(self) -> _tracing.Tracing | None:
+        return self._tracing
+
+    def record(
+        self, environ: WSGIEnvironment, method: str, status: int, headers: list[tuple[str, str]], started: float
+    ) -> tuple[Any, ...]:
+        """What :meth:`finish` records of a request (its answer's size from its ``Content-Length``, if any)."""
+        sent = 0
+        for name, value in headers:
+            if name == "Content-Length":
+                sent = int(value)
+                break
+        route = environ.get(ROUTE, metrics.OTHER)
+        return (route, method, status, started, environ.get(BODY_BYTES, 0), sent, environ.get(MODEL, ""))
+
     def _finish_sent(
         self,
         record: tuple[Any, ...],
@@ -270,10 +280,10 @@ class App:
         request_id: str,
         span: _tracing.RequestSpan | None,
     ) -> None:
-        """:meth:`_finish` for an answer made as it was sent: its size is what was sent."""
-        self._finish((*record[:5], record[5] or body.sent, record[6]), environ, request_id, span)
+        """:meth:`finish` for an answer made as it was sent: its size is what was sent."""
+        self.finish((*record[:5], record[5] or body.sent, record[6]), environ, request_id, span)
 
-    def _finish(
+    def finish(
         self, record: tuple[Any, ...], environ: WSGIEnvironment, request_id: str, span: _tracing.RequestSpan | None
     ) -> None:
         """A request's answer was handed to the server (or, for one made as it is sent, the server closed it): count
@@ -306,6 +316,12 @@ class App:
             span.end(route, status, received, sent)
 
     def _dispatch(self, environ: WSGIEnvironment, method: str, request_id: str) -> Reply:
+        handler, params = self.resolve(environ, method)
+        return handler(_new_request(Request, (environ, request_id, params)))  # (Request(...) without its frame)
+
+    def resolve(self, environ: WSGIEnvironment, method: str) -> tuple[Handler, dict[str, str]]:
+        """The handler of the request's route and its pattern's values, once the head is checked (the route noted
+        in ``environ``, the request counted in flight); else an HTTP exception (414, 400, 431, 404, 405)."""
         path = environ.get("PATH_INFO") or "/"
         if len(path) + len(environ.get("QUERY_STRING", "")) > MAX_URL_BYTES:
             raise URITooLong(f"the path and query are longer than {MAX_URL_BYTES} bytes")
@@ -322,7 +338,7 @@ class App:
         if handler is None:
             allowed = sorted({*methods, *(["HEAD"] if "GET" in methods else [])})
             raise werkzeug.exceptions.MethodNotAllowed(allowed, f"{method} is not allowed here")
-        return handler(_new_request(Request, (environ, request_id, params)))  # (Request(...) without its frame)
+        return handler, params
 
     def _check_head(self, environ: WSGIEnvironment) -> None:
         host = environ.get("HTTP_HOST")
@@ -357,6 +373,23 @@ class App:
                 f"the request line and headers are larger than {self.settings.max_header_bytes} bytes "
                 "(--max-header-bytes)"
             )
+
+
+def request_id_of(environ: WSGIEnvironment) -> str:
+    """The client's ``X-Request-Id`` when it is a sane one, else a new one."""
+    request_id = environ.get("HTTP_X_REQUEST_ID")
+    if request_id is None or not _REQUEST_ID.fullmatch(request_id):
+        request_id = f"{random.getrandbits(128):032x}"  # unique enough for logs; cheaper than uuid4
+    return str(request_id)
+
+
+def answered(headers: list[tuple[str, str]], environ: WSGIEnvironment, request_id: str) -> None:
+    """Add what every answer carries: ``X-Request-Id``, and the client's SageMaker custom attributes echoed unless
+    the model set its own."""
+    headers.append(("X-Request-Id", request_id))
+    custom_attributes = environ.get("HTTP_X_AMZN_SAGEMAKER_CUSTOM_ATTRIBUTES")
+    if custom_attributes and not any(k.lower() == CUSTOM_ATTRIBUTES.lower() for k, _ in headers):
+        headers.append((CUSTOM_ATTRIBUTES, custom_attributes))
 
 
 def _multi_model(pipeline: Pipeline, settings: Settings) -> MultiModel | None:

@@ -219,14 +219,14 @@ class Lifecycle:
 
     def _recycle_stuck(self, request: Request) -> None:
         """The watchdog's report of work still running ``RECYCLE_GRACE`` seconds past its deadline."""
-        self._recycle(request.request_id)
+        self.recycle(request.request_id)
 
     def _recycle_if_stuck(self, helper: Any, request_id: str) -> None:
         """A stream's helper thread abandoned at its deadline: the worker is replaced if it still runs."""
         if helper.abandoned:
-            self._recycle(request_id)
+            self.recycle(request_id)
 
-    def _recycle(self, request_id: str) -> None:
+    def recycle(self, request_id: str) -> None:
         """Replace this worker: request ``request_id``'s work is stuck."""
         reason = f"request {request_id} was still running {RECYCLE_GRACE} s after its timeout"
         if self.worker is not None:
@@ -250,7 +250,7 @@ class Lifecycle:
         if call is not None:
             call.enter(_deadlines.WAITING)  # (the model may load first, on a multi-model endpoint)
         model = target.model()
-        content_type = environ.get("CONTENT_TYPE") or (self._no_content_type() if framing is None else "")
+        content_type = environ.get("CONTENT_TYPE") or (self.no_content_type() if framing is None else "")
         accept = environ.get("HTTP_ACCEPT") or "*/*"
         if target.batcher is not None:
             output = _batched(pipeline, target.batcher, body, content_type, accept, model, call, framing)
@@ -270,7 +270,7 @@ class Lifecycle:
         headers = [("Content-Type", output.media_type), ("Content-Length", str(output.nbytes)), *output.headers]
         return 200, headers, output.buffers
 
-    def _no_content_type(self) -> str:
+    def no_content_type(self) -> str:
         """The media type of a body sent without ``Content-Type``: bytes, with a hint in the log once per worker."""
         content_type = "application/octet-stream"
         if not self._told_no_content_type:  # once per worker: a hint, not a complaint per request

@@ -1,0 +1,315 @@
+"""The invocation lifecycle on the worker's event loop: drain admission, the body read with ``--read-timeout``, the
+deadline as a loop timer, sync hooks on the model threads, async hooks on the loop, and streams.
+
+The event-loop front (:mod:`inference_server.wsgi._rsgi`, granian's RSGI interface) runs ``/invocations`` through
+:class:`AsyncLifecycle`; the sync :class:`~inference_server.wsgi._invoke.Lifecycle` still serves the WSGI fronts
+and the other protocols, and this one shares its settings, worker state and worker replacement.
+
+- **The body** is read on the loop by the front's reader, bounded by ``--read-timeout`` (a 408: a client that
+  stalls holds no thread) and by the body limit (413).
+- **The deadline** (``--timeout``) is a loop timer over the whole invocation: at it the client is answered 504 at
+  once. A sync hook still running finishes on its model thread and gives its slot back when it returns; one still
+  running :data:`~inference_server.wsgi._invoke.RECYCLE_GRACE` seconds later has its worker replaced, as on the
+  WSGI path. Work still waiting for a model thread is dropped without calling the model.
+- **Sync hooks** run on the model threads (``--threads`` of them, one by default: two sync model calls never
+  overlap), all three of an invocation in one hand-off; **async hooks** run on the loop
+  (:meth:`Pipeline.ainvoke`).
+- **Streams**: a sync generator's chunks are made one at a time on the model threads; an async generator's records
+  are awaited on the loop and their chunks made there, so a stream costs no thread while it waits. Closing the
+  answer (the last chunk sent, or the client gone) closes the generator: its ``finally`` runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextvars
+import functools
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+from inference_server import _deadlines, codecs
+from inference_server._pipeline import Framing, Output, Stream
+from inference_server.errors import GatewayTimeout, HookError, RequestTimeout, ServiceUnavailable
+from inference_server.wsgi._invoke import RECYCLE_GRACE, Lifecycle, StreamFailed, Target, _batched
+from inference_server.wsgi._replies import Headers, Request
+
+logger = logging.getLogger("inference_server")
+
+_T = TypeVar("_T")
+_UNSET = object()
+
+#: Threads that wait on behalf of requests for what is not on the loop yet: a model loading on a multi-model
+#: endpoint, a micro-batch's group. Started only when needed.
+HELPER_THREADS = 1024
+
+#: What a front reads the body with: ``read(limit)`` gives the whole body, refusing one over ``limit`` bytes (413).
+Reader = Callable[[int | None], Awaitable[bytearray | bytes]]
+
+
+class _Work:
+    """What a request's work is doing now, for its deadline: its stage, and the model thread's future if any."""
+
+    __slots__ = ("call", "future", "stage")
+
+    def __init__(self) -> None:
+        self.stage = _deadlines.READING
+        self.future: concurrent.futures.Future[Any] | None = None
+        #: A micro-batched request's call, which the batcher watches (it never runs a cancelled one).
+        self.call: _deadlines.Call | None = None
+
+
+class AsyncLifecycle:
+    """The life of an invocation on the event loop, for one app (see the module's text)."""
+
+    def __init__(self, lifecycle: Lifecycle) -> None:
+        self.lifecycle = lifecycle
+        self.settings = settings = lifecycle.settings
+        self._timeout = settings.timeout or None
+        #: The model threads: sync hooks run here, ``--threads`` at once.
+        self.models = concurrent.futures.ThreadPoolExecutor(settings.threads, "model")
+        self._helpers = concurrent.futures.ThreadPoolExecutor(HELPER_THREADS, "helper")
+
+    async def on_model_thread(self, function: Callable[..., _T], *args: Any, work: _Work | None = None) -> _T:
+        """``function(*args)`` on a model thread, in a copy of this task's context; what it set there is set here."""
+        context = contextvars.copy_context()
+        if work is not None:
+            future = self.models.submit(context.run, _started, work, function, *args)
+            work.future = future
+        else:
+            future = self.models.submit(context.run, function, *args)
+        result = await asyncio.wrap_future(future)
+        for variable, value in context.items():
+            if variable.get(_UNSET) is not value:
+                variable.set(value)
+        return result
+
+    async def invoke(self, request: Request, target: Target, read: Reader, framing: Framing | None = None) -> Reply:
+        """Answer one invocation of ``target``: 200 and the encoded prediction (its body a list of buffers, or
+        :class:`Chunks` for a stream), or an exception for the app to answer (503 while draining, 408, 504, the
+        hooks' own)."""
+        worker = self.lifecycle.worker
+        if worker is None:
+            return await self._bounded(request, target, read, framing)
+        worker.enter()
+        try:
+            if worker.draining:
+                raise ServiceUnavailable("the server is shutting down; send the request again")
+            status, headers, body = await self._bounded(request, target, read, framing)
+        except BaseException:
+            worker.leave()
+            raise
+        if isinstance(body, Chunks):
+            body.leave = worker.leave
+        else:
+            worker.leave()
+        return status, headers, body
+
+    async def _bounded(self, request: Request, target: Target, read: Reader, framing: Framing | None) -> Reply:
+        start = time.monotonic()
+        timeout = self._timeout
+        read_timeout = min(timeout, self.settings.read_timeout) if timeout else self.settings.read_timeout
+        try:
+            body = await asyncio.wait_for(read(target.pipeline.max_body), read_timeout)
+        except asyncio.TimeoutError:
+            raise RequestTimeout(f"the request body did not arrive within {read_timeout} s") from None
+        work = _Work()
+        running = asyncio.ensure_future(self._invoke(request, target, body, framing, work, start))
+        if timeout is None:
+            return await running
+        try:
+            done, _ = await asyncio.wait((running,), timeout=start + timeout - time.monotonic())
+        except BaseException:
+            running.cancel()
+            raise
+        if done:
+            return running.result()
+        running.cancel()  # a model thread's work not started yet is dropped (its future is cancelled with it)
+        if work.call is not None:  # the batcher leaves it out of its groups, or it is running in one
+            work.stage = work.call.cancel()
+        self._watch_stuck(work.future, request.request_id)
+        raise GatewayTimeout(f"the request took longer than the server's timeout of {timeout} s (while {work.stage})")
+
+    def _watch_stuck(self, future: concurrent.futures.Future[Any] | None, request_id: str) -> None:
+        """Replace the worker if ``future``'s work is still running :data:`RECYCLE_GRACE` seconds from now."""
+        if future is None or future.done():
+            return
+
+        def check() -> None:
+            if not future.done():
+                self.lifecycle.recycle(request_id)
+
+        asyncio.get_running_loop().call_later(RECYCLE_GRACE, check)
+
+    async def _invoke(
+        self,
+        request: Request,
+        target: Target,
+        body: bytearray | bytes,
+        framing: Framing | None,
+        work: _Work,
+        start: float,
+    ) -> Reply:
+        environ = request.environ
+        pipeline = target.pipeline
+        work.stage = _deadlines.WAITING
+        if target.model == pipeline.model:
+            model = pipeline.model()  # (loaded before the worker serves)
+        else:  # a model of a multi-model endpoint, which may load now
+            model = await asyncio.wrap_future(self._helpers.submit(contextvars.copy_context().run, target.model))
+        content_type = environ.get("CONTENT_TYPE") or (self.lifecycle.no_content_type() if framing is None else "")
+        accept = environ.get("HTTP_ACCEPT") or "*/*"
+        output: Output
+        if target.batcher is not None:  # the batcher groups requests that wait on threads of their own
+            batcher, context = target.batcher, contextvars.copy_context()
+            work.call = call = _deadlines.Call()
+            call.stage = _deadlines.WAITING
+            batched = functools.partial(_batched, pipeline, batcher, body, content_type, accept, model, call, framing)
+            work.future = future = self._helpers.submit(context.run, batched)
+            output = await asyncio.wrap_future(future)
+        elif pipeline.asynchronous:
+            output = await pipeline.ainvoke(body, content_type, accept, model, self._on_thread(work), framing)
+        else:
+            invoke = functools.partial(pipeline.invoke, body, content_type, accept, model, None, True, framing)
+            output = await self.on_model_thread(invoke, work=work)
+        if output.stream is not None:
+            stream_timeout = self.settings.stream_timeout
+            deadline = start + stream_timeout if stream_timeout else None
+            chunks = Chunks(output.buffers, output.stream, self, request, deadline)
+            return 200, [("Content-Type", output.media_type), *output.headers], chunks
+        headers = [("Content-Type", output.media_type), ("Content-Length", str(output.nbytes)), *output.headers]
+        return 200, headers, output.buffers
+
+    def _on_thread(self, work: _Work) -> Callable[..., Awaitable[Any]]:
+        async def on_thread(function: Callable[..., Any], *args: Any) -> Any:
+            return await self.on_model_thread(function, *args, work=work)
+
+        return on_thread
+
+
+def _started(work: _Work, function: Callable[..., _T], *args: Any) -> _T:
+    """On a model thread: the work is running now (what its 504 says), then ``function(*args)``."""
+    work.stage = _deadlines.RUNNING
+    return function(*args)
+
+
+#: What the event-loop lifecycle answers: status, headers, and the body as a list of buffers or :class:`Chunks`.
+Reply = tuple[int, Headers, "list[codecs.Buffer] | Chunks"]
+
+
+class Chunks(AsyncIterator[codecs.Buffer]):
+    """A streamed answer's chunks, each made when the front asks for the next: a sync generator's on a model
+    thread, an async generator's on the loop; with ``--stream-timeout``, the whole stream has a deadline
+    (:class:`StreamFailed` past it). :meth:`aclose` (the last chunk sent, or the client gone) closes the model's
+    iterator, so its ``finally`` runs, then leaves the drain's count."""
+
+    def __init__(
+        self,
+        first: list[codecs.Buffer],
+        stream: Stream,
+        lifecycle: AsyncLifecycle,
+        request: Request,
+        deadline: float | None,
+    ) -> None:
+        self._first = first
+        self._stream = stream
+        self._lifecycle = lifecycle
+        self._request = request
+        self._deadline = deadline
+        self._making: concurrent.futures.Future[Any] | None = None  # a chunk being made on a model thread
+        self._closed = False
+        #: Called once the stream is closed (the worker's count of requests in flight).
+        self.leave: Callable[[], None] | None = None
+        #: Bytes of chunks made so far.
+        self.sent = 0
+
+    def __aiter__(self) -> Chunks:
+        return self
+
+    async def __anext__(self) -> codecs.Buffer:
+        if self._first:
+            chunk = self._first.pop(0)
+        else:
+            made = await self._next()
+            if made is None:
+                raise StopAsyncIteration
+            chunk = made
+        self.sent += memoryview(chunk).nbytes
+        return chunk
+
+    async def _next(self) -> codecs.Buffer | None:
+        if self._closed:
+            return None
+        stream = self._stream
+        remaining = None if self._deadline is None else self._deadline - time.monotonic()
+        if remaining is not None and remaining <= 0:
+            await self._timed_out()
+        work = _Work()
+        if stream.records is not None:
+            making: Awaitable[codecs.Buffer | None] = stream.anext()
+        else:
+            making = self._lifecycle.on_model_thread(stream.next, work=work)
+        try:
+            if remaining is None:
+                return await making
+            return await asyncio.wait_for(making, remaining)
+        except asyncio.TimeoutError:
+            self._making = work.future
+            self._lifecycle._watch_stuck(work.future, self._request.request_id)
+            await self._timed_out()
+        except HookError as exc:
+            environ = self._request.environ
+            logger.error(
+                "Request %s %s %s: %s; the stream is cut",
+                self._request.request_id,
+                environ["REQUEST_METHOD"],
+                environ.get("PATH_INFO"),
+                exc.summary,
+                exc_info=exc.error,
+            )
+            await self.aclose()
+            raise StreamFailed(
+                "StreamBroken", f"{exc.summary}; see the server log for request {self._request.request_id}"
+            ) from None
+        raise AssertionError("not reached")
+
+    async def _timed_out(self) -> None:
+        timeout = self._lifecycle.settings.stream_timeout
+        logger.error(
+            "Request %s: the stream took longer than --stream-timeout (%d s); it is cut",
+            self._request.request_id,
+            timeout,
+        )
+        await self.aclose()
+        raise StreamFailed(
+            "ModelInvocationTimeExceeded", f"the stream took longer than the server's stream timeout of {timeout} s"
+        )
+
+    async def aclose(self) -> None:
+        """Close the model's iterator (once; after the chunk being made on a model thread, if one is), then leave."""
+        if self._closed:
+            return
+        self._closed = True
+        stream = self._stream
+        try:
+            if stream.records is not None:
+                await stream.aclose()
+            elif self._making is not None and not self._making.done():  # closed on a model thread once it is made
+                lifecycle = self._lifecycle
+                self._making.add_done_callback(lambda _: lifecycle.models.submit(self._close_quietly))
+            else:
+                await self._lifecycle.on_model_thread(self._close_quietly)
+        except Exception:
+            logger.exception("Request %s: closing the stream raised", self._request.request_id)
+        finally:
+            leave, self.leave = self.leave, None
+            if leave is not None:
+                leave()
+
+    def _close_quietly(self) -> None:
+        try:
+            self._stream.close()
+        except Exception:
+            logger.exception("Request %s: closing the stream raised", self._request.request_id)

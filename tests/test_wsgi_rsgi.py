@@ -1,0 +1,295 @@
+"""The event-loop front (``--granian-interface rsgi``) on real servers: every hook may be ``async def``, async
+predictions overlap on one model thread, the 504 comes at the deadline while a sync hook still runs (its slot given
+back when it returns, its worker replaced when it is stuck), a request still waiting for the model at its deadline
+never reaches it, and stalled bodies are answered 408 without holding threads, over HTTP/1.1 and HTTP/2."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import os
+import signal
+import socket
+import struct
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from tests.conftest import wait_until
+
+RSGI = ("--server", "granian", "--granian-interface", "rsgi")
+JSON = {"Content-Type": "application/json"}
+
+#: Every hook ``async def``, each leaving its mark on the answer.
+ASYNC_HOOKS = """
+    import asyncio
+
+    import inference_server
+
+    {marker}
+    async def model_fn(model_dir):
+        await asyncio.sleep(0)
+        return ["model_fn"]
+
+    {marker}
+    async def input_fn(input_data, content_type):
+        await asyncio.sleep(0)
+        return [bytes(input_data).decode(), "input_fn"]
+
+    {marker}
+    async def predict_fn(data, model):
+        await asyncio.sleep(0)
+        return [*model, *data, "predict_fn"]
+
+    {marker}
+    async def output_fn(prediction, accept):
+        await asyncio.sleep(0)
+        return ",".join([*prediction, "output_fn"]), "text/plain"
+
+    {marker}
+    async def ping_fn(model):
+        await asyncio.sleep(0)
+        return model == ["model_fn"]
+"""
+
+#: A sync model: it sleeps ``sleep`` seconds, then writes the file ``called`` if given, and echoes the request.
+SLEEPER = """
+    import pathlib
+    import time
+
+    import inference_server
+
+    @inference_server.plugin_hook
+    def predict_fn(data, model):
+        time.sleep(data.get("sleep", 0))
+        if data.get("called"):
+            pathlib.Path(data["called"]).write_text("called")
+        return data
+"""
+
+#: An async model that answers "together" once ``together`` requests are in it at once (else "alone" after 30 s),
+#: and an async one that blocks the loop with ``time.sleep`` when asked.
+TOGETHER = """
+    import asyncio
+    import time
+
+    import inference_server
+
+    inside = 0
+    everyone = None
+
+    @inference_server.plugin_hook
+    async def predict_fn(data, model):
+        global inside, everyone
+        if data.get("block"):
+            time.sleep(data["block"])
+            return {"blocked": True}
+        everyone = everyone or asyncio.Event()
+        inside += 1
+        if inside >= data["together"]:
+            everyone.set()
+        try:
+            await asyncio.wait_for(everyone.wait(), 30)
+            return {"answer": "together"}
+        except asyncio.TimeoutError:
+            return {"answer": "alone"}
+"""
+
+
+def _post(server: Any, value: Any, timeout: float = 60) -> Any:
+    return server.request("POST", "/invocations", orjson.dumps(value), JSON, timeout=timeout)
+
+
+@pytest.mark.parametrize("kind", ["plugin", "script"])
+def test_every_hook_may_be_async(kind: str, plugin_site: Any, servers: Any, tmp_path: Path) -> None:
+    """model_fn, input_fn, predict_fn, output_fn and ping_fn as async def, in a plugin and in an inference.py
+    script, are awaited on the front's loop: /ping says 200 and the answer bears each hook's mark."""
+    if kind == "plugin":
+        plugin_site.add("hooks", ASYNC_HOOKS.format(marker="@inference_server.plugin_hook"))
+        server = servers.start(*RSGI)
+    else:
+        script = tmp_path / "code" / "inference.py"
+        script.parent.mkdir()
+        script.write_text(textwrap.dedent(ASYNC_HOOKS.format(marker="")))
+        server = servers.start(*RSGI, "--script", str(script), plugins=[])
+    assert server.request("GET", "/ping").status == 200
+    answer = server.request("POST", "/invocations", b"hello", {"Content-Type": "text/plain"})
+    assert (answer.status, answer.body) == (200, b"model_fn,hello,input_fn,predict_fn,output_fn")
+
+
+def test_async_predictions_overlap_with_one_model_thread(plugin_site: Any, servers: Any) -> None:
+    """Five requests to an async predict_fn are all inside it at once under --threads 1: async hooks run on the
+    loop, not on the model threads."""
+    plugin_site.add("together", TOGETHER)
+    server = servers.start(*RSGI, "--threads", "1")
+    with concurrent.futures.ThreadPoolExecutor(5) as pool:
+        answers = list(pool.map(lambda _: _post(server, {"together": 5}), range(5)))
+    assert [orjson.loads(answer.body) for answer in answers] == [{"answer": "together"}] * 5
+
+
+def test_a_hook_that_blocks_the_loop_is_named_once(plugin_site: Any, servers: Any) -> None:
+    """An async predict_fn calling time.sleep is named in one WARNING saying how long it held the loop, however
+    often it does it."""
+    plugin_site.add("together", TOGETHER)
+    server = servers.start(*RSGI)
+    for _ in range(2):
+        assert _post(server, {"block": 0.3}).status == 200
+    warned = [line for line in server.output().splitlines() if "held the event loop" in line]
+    assert len(warned) == 1
+    assert "predict_fn" in warned[0]
+
+
+def test_the_504_comes_at_the_deadline_and_a_stuck_worker_is_replaced(plugin_site: Any, servers: Any) -> None:
+    """A sync predict_fn sleeping 12 s under --timeout 2 is answered 504 before its sleep ends; still running 2 s
+    later, its worker is replaced, and the next request is served before that sleep would have ended."""
+    plugin_site.add("sleeper", SLEEPER)
+    server = servers.start(*RSGI, "--timeout", "2", "--threads", "1")
+    started = time.monotonic()
+    answer = _post(server, {"sleep": 12})
+    assert answer.status == 504
+    assert time.monotonic() - started < 12
+    assert "timeout of 2 s" in orjson.loads(answer.body)["message"]
+    wait_until(lambda: "asks to be replaced" in server.output(), 10, "the stuck worker was not replaced")
+    wait_until(lambda: _post(server, {"ok": 1}, timeout=5).status == 200, 8, "no request was served after the 504")
+    assert time.monotonic() - started < 12
+
+
+def test_an_overrunning_hook_gives_its_slot_back_when_it_returns(plugin_site: Any, servers: Any) -> None:
+    """Under --threads 1, a predict_fn that overruns --timeout by less than the grace is answered 504; the next
+    request gets the model thread once that hook returns and is served, and the worker is not replaced."""
+    plugin_site.add("sleeper", SLEEPER)
+    server = servers.start(*RSGI, "--timeout", "2", "--threads", "1")
+    workers = server.workers()
+    assert _post(server, {"sleep": 2.6}).status == 504
+    assert orjson.loads(_post(server, {"ok": 1}).body) == {"ok": 1}
+    time.sleep(2)  # past the first request's grace: it returned in time, so nothing asks to be replaced
+    assert "asks to be replaced" not in server.output()
+    assert server.workers() == workers
+
+
+def test_a_request_still_waiting_for_the_model_at_its_deadline_never_reaches_it(
+    plugin_site: Any, servers: Any, tmp_path: Path
+) -> None:
+    """Under --threads 1, a request queued behind a 4 s prediction is answered 504 at its 2 s deadline, and its
+    predict_fn is never called, even once the model thread is free."""
+    plugin_site.add("sleeper", SLEEPER)
+    server = servers.start(*RSGI, "--timeout", "2", "--threads", "1")
+    called = tmp_path / "called"
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        first = pool.submit(_post, server, {"sleep": 3.5})
+        server.wait_arrived(1)
+        second = pool.submit(_post, server, {"called": str(called)})
+        assert second.result().status == 504
+        assert first.result().status == 504
+    assert orjson.loads(_post(server, {"ok": 2}).body) == {"ok": 2}  # after the model thread freed up
+    assert not called.exists()
+
+
+def _threads(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/task"))
+
+
+def test_stalled_bodies_are_answered_408_without_holding_threads(servers: Any) -> None:
+    """500 clients that send half a body and stop are each answered 408 after --read-timeout, while the worker's
+    thread count stays that of an idle worker (a stalled body waits on the loop) and /ping answers throughout."""
+    server = servers.start(*RSGI, "--read-timeout", "3", "--metrics", plugins=[])
+    [worker] = server.workers()
+    idle = _threads(worker)
+    held = []
+    try:
+        for _ in range(500):
+            sock = socket.create_connection(("127.0.0.1", server.port), timeout=20)
+            sock.sendall(b"POST /invocations HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n0123456789")
+            held.append(sock)
+        server.wait_in_flight(500)
+        assert _threads(worker) <= idle + 2
+        assert server.request("GET", "/ping", timeout=2).status == 200
+        for sock in held:
+            assert sock.recv(200).startswith(b"HTTP/1.1 408")
+    finally:
+        for sock in held:
+            sock.close()
+    assert _threads(worker) <= idle + 2
+    assert server.request("POST", "/invocations", b"fine").body == b"fine"
+
+
+def _h2_frame(kind: int, flags: int, stream: int, payload: bytes) -> bytes:
+    return struct.pack(">I", len(payload))[1:] + bytes((kind, flags)) + struct.pack(">I", stream) + payload
+
+
+def _hpack_literal(name: bytes, value: bytes) -> bytes:
+    """A header as HPACK's literal field without indexing, new name, no Huffman coding (RFC 7541, 6.2.2)."""
+    return b"\x00" + bytes((len(name),)) + name + bytes((len(value),)) + value
+
+
+def _h2_stalled_streams(port: int, streams: int) -> socket.socket:
+    """An HTTP/2 connection with ``streams`` POSTs to /invocations, each sending 10 of its 1,000 bytes."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=20)
+    data = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + _h2_frame(4, 0, 0, b"")
+    head = b"".join(
+        _hpack_literal(name, value)
+        for name, value in (
+            (b":method", b"POST"),
+            (b":scheme", b"http"),
+            (b":path", b"/invocations"),
+            (b":authority", b"x"),
+            (b"content-length", b"1000"),
+        )
+    )
+    for index in range(streams):
+        stream = 1 + 2 * index
+        data += _h2_frame(1, 0x4, stream, head) + _h2_frame(0, 0, stream, b"0123456789")
+    sock.sendall(data)
+    return sock
+
+
+def _h2_heads(sock: socket.socket, streams: int, deadline: float) -> dict[int, bytes]:
+    """The HEADERS frames' payloads the server sends back, by stream, until each of ``streams`` has one (HPACK
+    coded: the statuses are read from the server's metrics)."""
+    received, buffer, end = {}, b"", time.monotonic() + deadline
+    while len(received) < streams and time.monotonic() < end:
+        with contextlib.suppress(TimeoutError):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            buffer += chunk
+        while len(buffer) >= 9:
+            length = int.from_bytes(buffer[:3], "big")
+            if len(buffer) < 9 + length:
+                break
+            kind, stream = buffer[3], int.from_bytes(buffer[5:9], "big") & 0x7FFFFFFF
+            if kind == 1:
+                received[stream] = buffer[9 : 9 + length]
+            buffer = buffer[9 + length :]
+    return received
+
+
+def test_stalled_http2_streams_are_answered_408_and_sigterm_does_not_wait_for_them(servers: Any) -> None:
+    """With --http2, 50 connections of 10 streams each sending half a body are answered 408 after --read-timeout
+    (no thread held meanwhile); their clients then leave without a word, and SIGTERM exits 0 long before the
+    graceful timeout."""
+    server = servers.start(
+        *RSGI, "--http2", "--read-timeout", "3", "--graceful-timeout", "60", "--metrics", plugins=[]
+    )
+    [worker] = server.workers()
+    idle = _threads(worker)
+    held = [_h2_stalled_streams(server.port, 10) for _ in range(50)]
+    try:
+        for sock in held:
+            assert len(_h2_heads(sock, 10, 30)) == 10
+        assert server.metric("inference_server_requests_total", route="/invocations", status="408") == 500
+        assert _threads(worker) <= idle + 2
+        abandoned = [_h2_stalled_streams(server.port, 10) for _ in range(5)]  # in flight, then their clients leave
+        server.wait_in_flight(50)
+        for sock in abandoned:
+            sock.close()
+    finally:
+        for sock in held:
+            sock.close()
+    started = time.monotonic()
+    assert server.stop(signal.SIGTERM, timeout=30) == 0
+    assert time.monotonic() - started < 30
