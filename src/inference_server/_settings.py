@@ -30,8 +30,9 @@ _LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 LOG_FORMATS = ("text", "json")
 #: The HTTP server backends ``serve`` can run.
 SERVERS = ("gunicorn", "granian")
-#: granian's interfaces the app can be served through: WSGI (a thread per request), or RSGI (the event-loop front).
-GRANIAN_INTERFACES = ("wsgi", "rsgi")
+#: granian's interfaces the app can be served through: WSGI (a thread per request), or RSGI or ASGI (the event-loop
+#: fronts).
+GRANIAN_INTERFACES = ("wsgi", "rsgi", "asgi")
 #: Where ``serve`` tells its workers which settings were given as options (see ``Settings.given``).
 GIVEN_ENV = "INFERENCE_SERVER_GIVEN"
 #: The request timeout in a Batch Transform container (``SAGEMAKER_BATCH=true``): SageMaker waits 600 s by default.
@@ -372,8 +373,9 @@ class Settings:
         "wsgi",
         "INFERENCE_SERVER_GRANIAN_INTERFACE",
         _one_of(GRANIAN_INTERFACES),
-        "granian's interface: wsgi, or rsgi (a preview of the event-loop request path: /invocations on an event "
-        "loop, with the 504 at the deadline, async hooks and streams that hold no thread; other routes on a bridge)",
+        "granian's interface: wsgi, or asgi or rsgi (a preview of the event-loop request path: /invocations on an "
+        "event loop, with the 504 at the deadline, async hooks and streams that hold no thread; other routes on a "
+        "bridge)",
         choices=GRANIAN_INTERFACES,
     )
     http2: bool = _variable(

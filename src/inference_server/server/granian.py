@@ -36,8 +36,9 @@ from inference_server import _logging, _plugins
 from inference_server._settings import Settings
 from inference_server.server import KEEPALIVE, SLOW_CLIENT_THREADS, _drain, _port, _state, load_model, server_threads
 from inference_server.wsgi._app import App, Backend
+from inference_server.wsgi._asgi import AsgiFront
 from inference_server.wsgi._body import Reading
-from inference_server.wsgi._rsgi import Front
+from inference_server.wsgi._rsgi import RsgiFront
 
 logger = logging.getLogger("inference_server")
 
@@ -91,14 +92,23 @@ BACKEND = Backend(
 )
 
 
-#: What the app is told under the event-loop front (``--granian-interface rsgi``): its WSGI routes are called on the
-#: front's bridge threads with the body already read into memory, as a PEP 3333 server would hand it over.
-RSGI_BACKEND = Backend(check_head=True, body=Reading(verifies_chunked=False))
+#: What the app is told under an event-loop front (``--granian-interface rsgi|asgi``): its WSGI routes are called on
+#: the front's bridge threads with the body already read into memory, as a PEP 3333 server would hand it over;
+#: granian's RSGI interface cannot tell a chunked body cut short from a whole one, its ASGI interface can.
+FRONT_BACKENDS = {
+    "rsgi": Backend(check_head=True, body=Reading(verifies_chunked=False)),
+    "asgi": Backend(check_head=True),
+}
 
 
-def granian_rsgi_app() -> Front:
-    """The app factory granian's workers call under ``--granian-interface rsgi``: the event-loop front over the app."""
-    return Front(granian_app(RSGI_BACKEND))
+def granian_rsgi_app() -> RsgiFront:
+    """The app factory granian's workers call under ``--granian-interface rsgi``."""
+    return RsgiFront(granian_app(FRONT_BACKENDS["rsgi"]))
+
+
+def granian_asgi_app() -> AsgiFront:
+    """The app factory granian's workers call under ``--granian-interface asgi``."""
+    return AsgiFront(granian_app(FRONT_BACKENDS["asgi"]))
 
 
 def granian_app(backend: Backend = BACKEND) -> App:
@@ -222,14 +232,15 @@ class Server(MPServer):
         self.port = settings.port
         #: Indexes of workers whose successor must be listening before they stop.
         self.replacing: set[int] = set()
-        rsgi = settings.granian_interface == "rsgi"
+        interface = settings.granian_interface
+        loop = interface != "wsgi"  # an event-loop front: requests on the worker's loop, not granian's threads
         super().__init__(
-            f"{__name__}:{'granian_rsgi_app' if rsgi else 'granian_app'}",
+            f"{__name__}:{'granian_app' if not loop else f'granian_{interface}_app'}",
             address=settings.host,
             port=settings.port,
-            interface=Interfaces.RSGI if rsgi else Interfaces.WSGI,
+            interface={"wsgi": Interfaces.WSGI, "rsgi": Interfaces.RSGI, "asgi": Interfaces.ASGI}[interface],
             workers=settings.workers,
-            blocking_threads=1 if rsgi else server_threads(settings) + SLOW_CLIENT_THREADS,
+            blocking_threads=1 if loop else server_threads(settings) + SLOW_CLIENT_THREADS,
             backlog=BACKLOG,
             backpressure=MAX_CONNECTIONS,
             http=HTTPModes.auto if settings.http2 else HTTPModes.http1,

@@ -1,12 +1,15 @@
-"""The event-loop front (``--granian-interface rsgi``) on real servers: every hook may be ``async def``, async
-predictions overlap on one model thread, the 504 comes at the deadline while a sync hook still runs (its slot given
-back when it returns, its worker replaced when it is stuck), a request still waiting for the model at its deadline
-never reaches it, and stalled bodies are answered 408 without holding threads, over HTTP/1.1 and HTTP/2."""
+"""The event-loop fronts (``--granian-interface asgi`` and ``rsgi``) on real servers: every hook may be ``async
+def``, async predictions overlap on one model thread, the 504 comes at the deadline while a sync hook still runs (its
+slot given back when it returns, its worker replaced when it is stuck), a request still waiting for the model at its
+deadline never reaches it, and stalled bodies are answered 408 without holding threads, over HTTP/1.1 and HTTP/2.
+On ASGI, a chunked body is verified (cut short: 400; whole: served under a body limit), a stream that fails mid-way
+is cut short, and a header that is not UTF-8 reaches the app's checks."""
 
 from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import http.client
 import os
 import signal
 import socket
@@ -21,8 +24,15 @@ import pytest
 
 from tests.conftest import wait_until
 
-RSGI = ("--server", "granian", "--granian-interface", "rsgi")
 JSON = {"Content-Type": "application/json"}
+FRONTS = ["asgi", "rsgi"]
+
+
+@pytest.fixture(params=FRONTS)
+def front(request: pytest.FixtureRequest) -> tuple[str, ...]:
+    """The ``serve`` options of each event-loop front."""
+    return ("--server", "granian", "--granian-interface", request.param)
+
 
 #: Every hook ``async def``, each leaving its mark on the answer.
 ASYNC_HOOKS = """
@@ -105,37 +115,41 @@ def _post(server: Any, value: Any, timeout: float = 60) -> Any:
 
 
 @pytest.mark.parametrize("kind", ["plugin", "script"])
-def test_every_hook_may_be_async(kind: str, plugin_site: Any, servers: Any, tmp_path: Path) -> None:
+def test_every_hook_may_be_async(
+    front: tuple[str, ...], kind: str, plugin_site: Any, servers: Any, tmp_path: Path
+) -> None:
     """model_fn, input_fn, predict_fn, output_fn and ping_fn as async def, in a plugin and in an inference.py
     script, are awaited on the front's loop: /ping says 200 and the answer bears each hook's mark."""
     if kind == "plugin":
         plugin_site.add("hooks", ASYNC_HOOKS.format(marker="@inference_server.plugin_hook"))
-        server = servers.start(*RSGI)
+        server = servers.start(*front)
     else:
         script = tmp_path / "code" / "inference.py"
         script.parent.mkdir()
         script.write_text(textwrap.dedent(ASYNC_HOOKS.format(marker="")))
-        server = servers.start(*RSGI, "--script", str(script), plugins=[])
+        server = servers.start(*front, "--script", str(script), plugins=[])
     assert server.request("GET", "/ping").status == 200
     answer = server.request("POST", "/invocations", b"hello", {"Content-Type": "text/plain"})
     assert (answer.status, answer.body) == (200, b"model_fn,hello,input_fn,predict_fn,output_fn")
 
 
-def test_async_predictions_overlap_with_one_model_thread(plugin_site: Any, servers: Any) -> None:
+def test_async_predictions_overlap_with_one_model_thread(
+    front: tuple[str, ...], plugin_site: Any, servers: Any
+) -> None:
     """Five requests to an async predict_fn are all inside it at once under --threads 1: async hooks run on the
     loop, not on the model threads."""
     plugin_site.add("together", TOGETHER)
-    server = servers.start(*RSGI, "--threads", "1")
+    server = servers.start(*front, "--threads", "1")
     with concurrent.futures.ThreadPoolExecutor(5) as pool:
         answers = list(pool.map(lambda _: _post(server, {"together": 5}), range(5)))
     assert [orjson.loads(answer.body) for answer in answers] == [{"answer": "together"}] * 5
 
 
-def test_a_hook_that_blocks_the_loop_is_named_once(plugin_site: Any, servers: Any) -> None:
+def test_a_hook_that_blocks_the_loop_is_named_once(front: tuple[str, ...], plugin_site: Any, servers: Any) -> None:
     """An async predict_fn calling time.sleep is named in one WARNING saying how long it held the loop, however
     often it does it."""
     plugin_site.add("together", TOGETHER)
-    server = servers.start(*RSGI)
+    server = servers.start(*front)
     for _ in range(2):
         assert _post(server, {"block": 0.3}).status == 200
     warned = [line for line in server.output().splitlines() if "held the event loop" in line]
@@ -143,11 +157,13 @@ def test_a_hook_that_blocks_the_loop_is_named_once(plugin_site: Any, servers: An
     assert "predict_fn" in warned[0]
 
 
-def test_the_504_comes_at_the_deadline_and_a_stuck_worker_is_replaced(plugin_site: Any, servers: Any) -> None:
+def test_the_504_comes_at_the_deadline_and_a_stuck_worker_is_replaced(
+    front: tuple[str, ...], plugin_site: Any, servers: Any
+) -> None:
     """A sync predict_fn sleeping 12 s under --timeout 2 is answered 504 before its sleep ends; still running 2 s
     later, its worker is replaced, and the next request is served before that sleep would have ended."""
     plugin_site.add("sleeper", SLEEPER)
-    server = servers.start(*RSGI, "--timeout", "2", "--threads", "1")
+    server = servers.start(*front, "--timeout", "2", "--threads", "1")
     started = time.monotonic()
     answer = _post(server, {"sleep": 12})
     assert answer.status == 504
@@ -158,11 +174,13 @@ def test_the_504_comes_at_the_deadline_and_a_stuck_worker_is_replaced(plugin_sit
     assert time.monotonic() - started < 12
 
 
-def test_an_overrunning_hook_gives_its_slot_back_when_it_returns(plugin_site: Any, servers: Any) -> None:
+def test_an_overrunning_hook_gives_its_slot_back_when_it_returns(
+    front: tuple[str, ...], plugin_site: Any, servers: Any
+) -> None:
     """Under --threads 1, a predict_fn that overruns --timeout by less than the grace is answered 504; the next
     request gets the model thread once that hook returns and is served, and the worker is not replaced."""
     plugin_site.add("sleeper", SLEEPER)
-    server = servers.start(*RSGI, "--timeout", "2", "--threads", "1")
+    server = servers.start(*front, "--timeout", "2", "--threads", "1")
     workers = server.workers()
     assert _post(server, {"sleep": 2.6}).status == 504
     assert orjson.loads(_post(server, {"ok": 1}).body) == {"ok": 1}
@@ -172,12 +190,12 @@ def test_an_overrunning_hook_gives_its_slot_back_when_it_returns(plugin_site: An
 
 
 def test_a_request_still_waiting_for_the_model_at_its_deadline_never_reaches_it(
-    plugin_site: Any, servers: Any, tmp_path: Path
+    front: tuple[str, ...], plugin_site: Any, servers: Any, tmp_path: Path
 ) -> None:
     """Under --threads 1, a request queued behind a 4 s prediction is answered 504 at its 2 s deadline, and its
     predict_fn is never called, even once the model thread is free."""
     plugin_site.add("sleeper", SLEEPER)
-    server = servers.start(*RSGI, "--timeout", "2", "--threads", "1")
+    server = servers.start(*front, "--timeout", "2", "--threads", "1")
     called = tmp_path / "called"
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         first = pool.submit(_post, server, {"sleep": 3.5})
@@ -193,10 +211,10 @@ def _threads(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/task"))
 
 
-def test_stalled_bodies_are_answered_408_without_holding_threads(servers: Any) -> None:
+def test_stalled_bodies_are_answered_408_without_holding_threads(front: tuple[str, ...], servers: Any) -> None:
     """500 clients that send half a body and stop are each answered 408 after --read-timeout, while the worker's
     thread count stays that of an idle worker (a stalled body waits on the loop) and /ping answers throughout."""
-    server = servers.start(*RSGI, "--read-timeout", "3", "--metrics", plugins=[])
+    server = servers.start(*front, "--read-timeout", "3", "--metrics", plugins=[])
     [worker] = server.workers()
     idle = _threads(worker)
     held = []
@@ -268,12 +286,14 @@ def _h2_heads(sock: socket.socket, streams: int, deadline: float) -> dict[int, b
     return received
 
 
-def test_stalled_http2_streams_are_answered_408_and_sigterm_does_not_wait_for_them(servers: Any) -> None:
+def test_stalled_http2_streams_are_answered_408_and_sigterm_does_not_wait_for_them(
+    front: tuple[str, ...], servers: Any
+) -> None:
     """With --http2, 50 connections of 10 streams each sending half a body are answered 408 after --read-timeout
     (no thread held meanwhile); their clients then leave without a word, and SIGTERM exits 0 long before the
     graceful timeout."""
     server = servers.start(
-        *RSGI, "--http2", "--read-timeout", "3", "--graceful-timeout", "60", "--metrics", plugins=[]
+        *front, "--http2", "--read-timeout", "3", "--graceful-timeout", "60", "--metrics", plugins=[]
     )
     [worker] = server.workers()
     idle = _threads(worker)
@@ -293,3 +313,89 @@ def test_stalled_http2_streams_are_answered_408_and_sigterm_does_not_wait_for_th
     started = time.monotonic()
     assert server.stop(signal.SIGTERM, timeout=30) == 0
     assert time.monotonic() - started < 30
+
+
+ASGI = ("--server", "granian", "--granian-interface", "asgi")
+
+
+def _raw(port: int, data: bytes, wait: float = 10) -> bytes:
+    """Send ``data`` on a fresh connection; what comes back until the server closes it or ``wait`` passes."""
+    with socket.create_connection(("127.0.0.1", port), timeout=wait) as sock:
+        sock.sendall(data)
+        received = b""
+        with contextlib.suppress(OSError):
+            while chunk := sock.recv(65536):
+                received += chunk
+        return received
+
+
+def test_a_chunked_body_is_verified_on_asgi(servers: Any) -> None:
+    """On the ASGI front a chunked body under a body limit is read and served (granian's RSGI and WSGI refuse it
+    with 411), and one whose connection ends before its last chunk is a 400 that never reaches the model."""
+    server = servers.start(*ASGI, "--metrics", plugins=[])
+    whole = _raw(
+        server.port,
+        b"POST /invocations HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nContent-Type: text/plain\r\n"
+        b"Connection: close\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n",
+    )
+    assert whole.startswith(b"HTTP/1.1 200"), whole[:200]
+    assert whole.endswith(b"hello world")
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(
+            b"POST /invocations HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n5\r\nhe"
+        )
+        sock.shutdown(socket.SHUT_WR)
+        with contextlib.suppress(OSError):
+            sock.recv(1000)  # (the server may answer 400 to a client that has gone: nobody reads it)
+    wait_until(
+        lambda: server.metric("inference_server_requests_total", route="/invocations", status="400") == 1,
+        10,
+        "the body cut short was not answered 400",
+    )
+    reply = server.request("POST", "/invocations", b"after", {"Content-Type": "text/plain"})
+    assert reply.body == b"after"
+
+
+STREAM_FAILS = """
+    import inference_server
+
+    @inference_server.plugin_hook
+    def predict_fn(data, model):
+        def records():
+            yield {"record": 1}
+            raise RuntimeError("the model failed mid-stream")
+
+        return records()
+"""
+
+
+def test_a_stream_that_fails_midway_is_cut_short_on_asgi(plugin_site: Any, servers: Any) -> None:
+    """On the ASGI front a generator that raises after its first record ends the connection without the chunked
+    coding's last chunk: the client sees an incomplete body, not a whole one (granian's RSGI cannot do this)."""
+    plugin_site.add("fails", STREAM_FAILS)
+    server = servers.start(*ASGI)
+    connection = server.connection()
+    try:
+        connection.request("POST", "/invocations", b"{}", JSON)
+        response = connection.getresponse()
+        assert response.status == 200
+        with pytest.raises(http.client.IncompleteRead):
+            response.read()
+    finally:
+        connection.close()
+    assert "the model failed mid-stream" in server.output()
+    assert server.request("GET", "/ping").status == 200
+
+
+def test_a_target_model_that_is_not_utf8_is_refused_on_asgi(servers: Any, tmp_path: Path) -> None:
+    """On the ASGI front a TargetModel header whose bytes are not ASCII reaches the app's check and is a 400 (granian's
+    RSGI drops such a header before the app sees it)."""
+    (tmp_path / "models" / "model").mkdir(parents=True)
+    server = servers.start(*ASGI, "--model-root", str(tmp_path / "models"), plugins=[])
+    answer = _raw(
+        server.port,
+        b"POST /invocations HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nConnection: close\r\n"
+        b"X-Amzn-SageMaker-Target-Model: caf\xc3\xa9\r\n\r\n{}",
+    )
+    assert answer.startswith(b"HTTP/1.1 400"), answer[:200]
+    assert b"printable ASCII" in answer
