@@ -15,7 +15,31 @@ The peers, each from PyPI in its own virtualenv (``_peers.py``), echo the same b
   path, ``POST /v2/models/bench_echo/infer`` with the same 10 floats as one JSON tensor (``[1, 10]`` FP64) echoed
   back as an output; its ping is ``GET /v2/health/ready``.
 
-Run: ``.venv/bin/python benchmarks/http_small.py`` (about 5 minutes; ``--quick``: one short round, about 1 minute).
+The event-loop contenders (issue 39), on uvloop unless ``--loop asyncio``:
+
+- "ours asgi" and "ours rsgi": ours on granian with ``INFERENCE_SERVER_GRANIAN_INTERFACE=asgi`` / ``rsgi``
+  (``POST /invocations`` on each worker's event loop), the same plugin. Our server passes granian no ``loop``, so
+  granian's ``Loops.auto`` picks the loop: rloop, else uvloop, else asyncio, whichever the worker can import; with
+  ``--loop uvloop`` uvloop is on their ``PYTHONPATH``, with ``--loop asyncio`` it is not (.venv has neither).
+- "bare rsgi inline" (issue 39's floor of any Python design) and "bare rsgi executor": granian RSGI apps
+  (``BARE_RSGI``) that read the body, decode it with orjson, call a trivial model (it returns its input), encode
+  with orjson and answer; inline on the loop, or handed to a thread with ``loop.run_in_executor`` (the loop's
+  default executor). granian's CLI with ``--loop uvloop`` (or ``asyncio``) and ``--http 1``, as ours runs.
+
+uvloop is not a dependency of the project: ``--loop uvloop`` installs it on first use with pip into
+``benchmarks/.venv-uvloop`` (a ``pip install --target`` folder, not a virtualenv), put on the ``PYTHONPATH`` of the
+event-loop contenders only, so that .venv (the tests' install) stays as it is.
+
+``--baseline REV`` adds "ours@REV": ours on granian (its default interface then) from the tree of commit ``REV``,
+exported with ``git archive`` into ``/tmp/inference-server-COMMIT/src`` (reused by later runs) and put first on
+``PYTHONPATH``, ahead of .venv's editable install of today's tree (a plain path in a ``.pth`` file): today's
+``main`` side by side with an old one, issue 39's ">= 1.0x" target. The script checks that the contender imports
+``inference_server`` from that folder.
+
+``--contenders "ours rsgi,bare rsgi inline"``: only those (names as printed; the peers start only when one of them
+is chosen).
+
+Run: ``.venv/bin/python benchmarks/http_small.py`` (about 8 minutes; ``--quick``: one short round, about 2 minutes).
 """
 
 from __future__ import annotations
@@ -26,6 +50,8 @@ import http.client
 import json
 import os
 import platform
+import subprocess
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -61,6 +87,37 @@ BARE = """
         return [body]
 """
 
+#: The floors of issue 39: the model (it returns its input) called inline on the loop, or on the loop's default
+#: executor; ``GET /ping`` (any other method) answers an empty JSON object.
+BARE_RSGI = """
+    import asyncio
+
+    import orjson
+
+    HEADERS = [("content-type", "application/json")]
+
+
+    def model(data):
+        return data
+
+
+    async def inline(scope, protocol):
+        if scope.method != "POST":
+            protocol.response_bytes(200, HEADERS, b"{}")
+            return
+        data = orjson.loads(await protocol())
+        protocol.response_bytes(200, HEADERS, orjson.dumps(model(data)))
+
+
+    async def executor(scope, protocol):
+        if scope.method != "POST":
+            protocol.response_bytes(200, HEADERS, b"{}")
+            return
+        data = orjson.loads(await protocol())
+        prediction = await asyncio.get_running_loop().run_in_executor(None, model, data)
+        protocol.response_bytes(200, HEADERS, orjson.dumps(prediction))
+"""
+
 BENTOML_ECHO = """
     import os
 
@@ -91,6 +148,8 @@ wrk.headers["Accept"] = "application/json"
 
 POST, V2_POST = _post(BODY), _post(V2_BODY)
 WORKERS = "2"
+#: The setting that picks granian's interface for ours.
+FRONT = "INFERENCE_SERVER_GRANIAN_INTERFACE"
 #: name -> (POST path, wrk script, ping path) of the contenders that are not served as ours is.
 ROUTES = {
     "bare gunicorn": ("/", POST, "/"),
@@ -100,20 +159,75 @@ ROUTES = {
     "MLServer v2 infer": (f"/v2/models/{MODEL}/infer", V2_POST, "/v2/health/ready"),
 }
 PEERS = ("BentoML", "MLServer /invocations", "MLServer v2 infer")
+#: Contenders that answer a fixed body, not the echo of theirs.
+FIXED = ("bare gunicorn", "bare granian")
+#: Ours on the event-loop fronts (issue 39), and the floor they are held to (>= 0.8x).
+FRONTS = ("ours asgi", "ours rsgi")
+FLOOR = "bare rsgi inline"
+UVLOOP = "uvloop==0.23.0"
+#: A ``pip install --target`` folder with uvloop, made on first use (ignored by git as ``benchmarks/.venv-*``).
+UVLOOP_SITE = h.ROOT / "benchmarks" / ".venv-uvloop"
 
 
-def contenders(site: str, threads: str) -> dict[str, tuple[str, dict[str, str], str]]:
-    """name -> (command with {port}, environment, readiness path)."""
+def uvloop_site() -> Path:
+    """A folder with ``UVLOOP`` in it, for the ``PYTHONPATH`` of the event-loop contenders; pip installs it there
+    on first use (uvloop is not a dependency of the project, and .venv is the tests' install)."""
+    name, version = UVLOOP.split("==")
+    if not (UVLOOP_SITE / f"{name}-{version}.dist-info").is_dir():
+        print(f"installing {UVLOOP} into {UVLOOP_SITE} (pip install --target) for --loop uvloop ...", flush=True)
+        command = [h.PYTHON, "-m", "pip", "install", "--quiet", "--upgrade", "--target", str(UVLOOP_SITE), UVLOOP]
+        subprocess.run(command, check=True)
+    return UVLOOP_SITE
+
+
+def baseline_src(rev: str) -> Path:
+    """The ``src`` folder of commit ``rev``, exported with ``git archive`` under the temporary folder (kept, and
+    reused by later runs of the same commit)."""
+    git = ["git", "-C", str(h.ROOT)]
+    commit = subprocess.run(
+        [*git, "rev-parse", "--verify", f"{rev}^{{commit}}"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    tree = Path(tempfile.gettempdir()) / f"inference-server-{commit[:12]}"
+    if not (tree / "src" / "inference_server").is_dir():
+        print(f"exporting src/ of {rev} ({commit[:12]}) into {tree} ...", flush=True)
+        partial = Path(tempfile.mkdtemp(prefix=f"{tree.name}-", dir=tree.parent))
+        archive = subprocess.run([*git, "archive", commit, "src"], capture_output=True, check=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(partial)], input=archive, check=True)
+        partial.rename(tree)  # whole or not at all: a run cut short leaves no half tree under the final name
+    return tree / "src"
+
+
+def imported_from(env: dict[str, str]) -> Path:
+    """Where ``inference_server`` is imported from under ``env``."""
+    code = "import inference_server; print(inference_server.__file__)"
+    found = subprocess.run([h.PYTHON, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    return Path(found.strip()).parent
+
+
+def contenders(
+    site: str, threads: str, loop: str = "uvloop", baseline: str | None = None
+) -> dict[str, tuple[str, dict[str, str], str]]:
+    """name -> (command with {port}, environment, readiness path). ``loop``: the event-loop contenders' loop;
+    ``baseline``: a commit whose tree is the contender "ours@BASELINE"."""
     env = h.base_env(PYTHONPATH=site, INFERENCE_SERVER_PLUGINS="json_echo", INFERENCE_SERVER_LOG_LEVEL="warning")
     bare_env = h.base_env(PYTHONPATH=site)
+    loop_site = os.pathsep.join([site, str(uvloop_site())] if loop == "uvloop" else [site])
     ours = (
         f"{h.PYTHON} -m inference_server serve --host 127.0.0.1 --port {{port}} --workers {WORKERS} --threads {threads}"
     )
     legacy = f"{h.legacy_python()} -m gunicorn -b 127.0.0.1:{{port}} -w {WORKERS} -k sync --log-level warning"
-    return {
+    bare_rsgi = (
+        f"{h.PYTHON} -m granian --interface rsgi --host 127.0.0.1 --port {{port}} --workers {WORKERS} --loop {loop} "
+        "--http 1 --log-level warning bare_rsgi:"
+    )
+    chosen = {
         "ours gunicorn": (f"{ours} --server gunicorn", env, "/ping"),
         "ours granian": (f"{ours} --server granian", env, "/ping"),
         "ours granian timeout0": (f"{ours} --server granian --timeout 0", env, "/ping"),
+        **{
+            name: (f"{ours} --server granian", {**env, "PYTHONPATH": loop_site, FRONT: name.split()[1]}, "/ping")
+            for name in FRONTS
+        },
         "1.3.3 gunicorn sync": (f"{legacy} inference_server:create_app()", h.base_env(PYTHONPATH=site), "/ping"),
         "bare gunicorn": (
             f"{h.PYTHON} -m gunicorn -b 127.0.0.1:{{port}} -w {WORKERS} -k gthread --threads {threads} "
@@ -127,7 +241,16 @@ def contenders(site: str, threads: str) -> dict[str, tuple[str, dict[str, str], 
             bare_env,
             "/",
         ),
+        "bare rsgi inline": (f"{bare_rsgi}inline", h.base_env(PYTHONPATH=loop_site), "/ping"),
+        "bare rsgi executor": (f"{bare_rsgi}executor", h.base_env(PYTHONPATH=loop_site), "/ping"),
     }
+    if baseline is not None:
+        src = baseline_src(baseline)
+        old = {**env, "PYTHONPATH": os.pathsep.join([str(src), site])}
+        if (found := imported_from(old)) != src / "inference_server":
+            raise RuntimeError(f"ours@{baseline} would import inference_server from {found}, not from {src}")
+        chosen[f"ours@{baseline}"] = (f"{ours} --server granian", old, "/ping")
+    return chosen
 
 
 def observability(site: str, threads: str) -> dict[str, tuple[str, dict[str, str], str]]:
@@ -142,7 +265,7 @@ def observability(site: str, threads: str) -> dict[str, tuple[str, dict[str, str
         "--no-metrics": (f"{ours} --no-metrics", env, "/ping"),
         "--no-access-log": (f"{ours} --no-access-log", env, "/ping"),
         "neither": (f"{ours} --no-metrics --no-access-log", env, "/ping"),
-        "bare granian": contenders(site, threads)["bare granian"],
+        "bare granian": contenders(site, threads, loop="asyncio")["bare granian"],
     }
 
 
@@ -161,8 +284,8 @@ def start_peers(stack: contextlib.ExitStack, site: str) -> tuple[dict[str, h.Ser
 
 
 def check(name: str, port: int) -> None:
-    """One request: a peer's answer is the echo of its body."""
-    path, lua, _ = ROUTES[name]
+    """One request: a contender's answer is the echo of its body."""
+    path, lua, _ = ROUTES.get(name, ("/invocations", POST, "/ping"))
     v2 = lua == V2_POST
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     connection.request("POST", path, body=V2_BODY if v2 else BODY, headers={"Content-Type": "application/json"})
@@ -174,6 +297,25 @@ def check(name: str, port: int) -> None:
         raise RuntimeError(f"{name}: {response.status} {answer!r} is not the echo of {expected}")
 
 
+def bare_of(name: str) -> str:
+    """The bare app on the same server as ours' contender ``name``."""
+    return FLOOR if name in FRONTS else "bare gunicorn" if "gunicorn" in name else "bare granian"
+
+
+def targets(results: dict[str, dict[str, list[float]]], baseline: str | None) -> list[tuple[str, str, str]]:
+    """Issue 39's small-JSON targets among the contenders measured: (ours, other, target) for each."""
+    found = []
+    for name in ("ours granian", *FRONTS):
+        for other, target in (
+            ("1.3.3 gunicorn sync", ">= 5x"),
+            (FLOOR, ">= 0.8x"),
+            (f"ours@{baseline}" if baseline else None, ">= 1.0x"),
+        ):
+            if other is not None and name in results and other in results:
+                found.append((name, other, target))
+    return found
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="one round of 3 s per measurement")
@@ -183,6 +325,14 @@ def main() -> None:
     parser.add_argument(
         "--observability", action="store_true", help="the cost of the metrics and the access log, on granian"
     )
+    parser.add_argument(
+        "--loop",
+        choices=("uvloop", "asyncio"),
+        default="uvloop",
+        help="the event loop of the event-loop contenders (ours asgi and rsgi, the bare RSGI apps; default: uvloop)",
+    )
+    parser.add_argument("--baseline", metavar="REV", help="also ours on granian from the tree of commit REV")
+    parser.add_argument("--contenders", help="only these, comma-separated, as printed (default: all)")
     _results.add_argument(parser)
     args = parser.parse_args()
     run = _results.Run("http_small", "observability" if args.observability else "quick" if args.quick else None)
@@ -190,25 +340,38 @@ def main() -> None:
     site = str(h.plugin_site({"json_echo": JSON_ECHO}))
     with open(os.path.join(site, "bare.py"), "w") as f:
         f.write(textwrap.dedent(BARE))
+    with open(os.path.join(site, "bare_rsgi.py"), "w") as f:
+        f.write(textwrap.dedent(BARE_RSGI))
+    if args.observability:
+        chosen = observability(site, args.threads)
+    else:
+        chosen = contenders(site, args.threads, args.loop, args.baseline)
+    names = list(chosen) + ([] if args.observability else list(PEERS))
+    wanted = args.contenders.split(",") if args.contenders else names
+    if unknown := set(wanted) - set(names):
+        parser.error(f"unknown contenders {', '.join(sorted(unknown))}: choose among {', '.join(names)}")
     print(
-        f"{platform.node()} {os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d %H:%M')}, threads per worker {args.threads}"
+        f"{platform.node()} {os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d %H:%M')}, threads per worker "
+        f"{args.threads}, event-loop contenders on {args.loop}"
     )
     print(f"before: {h.load()}", flush=True)
     results: dict[str, dict[str, list[float]]] = {}
     about = ""
     with contextlib.ExitStack() as stack:
         servers = {}
-        chosen = observability if args.observability else contenders
-        for name, (template, env, ready) in chosen(site, args.threads).items():
+        for name, (template, env, ready) in chosen.items():
+            if name not in wanted:
+                continue
             port = h.free_port()
             command = template.format(port=port).split()
             servers[name] = stack.enter_context(h.running(name, command, port, env, ready))
-        if not args.observability:
+        if set(PEERS) & set(wanted):
             peers, about = start_peers(stack, site)
             print(about, flush=True)
-            for name, server in peers.items():
+            servers.update((name, server) for name, server in peers.items() if name in wanted)
+        for name, server in servers.items():
+            if name not in FIXED and not args.observability:
                 check(name, server.port)
-            servers.update(peers)
         results = {name: {"invocations": [], "ping": [], "cpu_us": []} for name in servers}
         names = list(servers)
         for round_ in range(rounds):
@@ -234,12 +397,13 @@ def main() -> None:
                 f"{name:<18} {invocations:>9.0f}/s ({spread}) {invocations / base - 1:+.1%} vs neither; "
                 f"{cpu:6.1f} us CPU ({h.spread(measured['cpu_us'])}) {cpu / base_cpu - 1:+.1%}"
             )
-        record(run, args.results, results, rounds, seconds, about)
+        record(run, args.results, results, rounds, seconds, about, args.loop, args.baseline)
         return
-    legacy = h.median(results["1.3.3 gunicorn sync"]["invocations"])
+    legacy = "1.3.3 gunicorn sync"
     columns = (
         ("POST /invocations", 18),
         ("(min-max)", 14),
+        ("CPU/request", 12),
         ("GET /ping", 12),
         ("vs 1.3.3", 9),
         ("vs bare, same server", 21),
@@ -247,20 +411,28 @@ def main() -> None:
     print(f"\n{'contender':<22}" + "".join(f" {title:>{width}}" for title, width in columns))
     for name, measured in results.items():
         invocations, ping = h.median(measured["invocations"]), h.median(measured["ping"])
-        bare = "bare granian" if "granian" in name else "bare gunicorn"
-        vs_bare = f"{invocations / h.median(results[bare]['invocations']):.2f}x" if name.startswith("ours") else ""
+        bare = bare_of(name)
+        vs_bare = ""
+        if name.startswith("ours") and bare in results:
+            vs_bare = f"{invocations / h.median(results[bare]['invocations']):.2f}x"
+        vs_legacy = f"{invocations / h.median(results[legacy]['invocations']):.2f}x" if legacy in results else ""
         spread = f"({h.spread(measured['invocations'])})"
-        print(
-            f"{name:<22} {invocations:>16.0f}/s {spread:>14} {ping:>10.0f}/s "
-            f"{invocations / legacy:>8.2f}x {vs_bare:>21}"
-        )
-    print("\nours / peer, POST requests/s (ratio of the medians):")
-    print(f"{'':<22}" + "".join(f" {peer:>22}" for peer in PEERS))
-    for name in (name for name in results if name.startswith("ours")):
-        ours = h.median(results[name]["invocations"])
-        cells = (f"{ours / h.median(results[peer]['invocations']):.2f}x" for peer in PEERS)
-        print(f"{name:<22}" + "".join(f" {cell:>22}" for cell in cells))
-    record(run, args.results, results, rounds, seconds, about)
+        cpu = f"{h.median(measured['cpu_us']):.0f} us"
+        print(f"{name:<22} {invocations:>16.0f}/s {spread:>14} {cpu:>12} {ping:>10.0f}/s {vs_legacy:>9} {vs_bare:>21}")
+    peers = [peer for peer in PEERS if peer in results]
+    if peers:
+        print("\nours / peer, POST requests/s (ratio of the medians):")
+        print(f"{'':<22}" + "".join(f" {peer:>22}" for peer in peers))
+        for name in (name for name in results if name.startswith("ours")):
+            ours = h.median(results[name]["invocations"])
+            cells = (f"{ours / h.median(results[peer]['invocations']):.2f}x" for peer in peers)
+            print(f"{name:<22}" + "".join(f" {cell:>22}" for cell in cells))
+    if found := targets(results, args.baseline):
+        print("\nissue 39's targets, POST requests/s (ratio of the medians):")
+        for name, other, target in found:
+            ratio = h.median(results[name]["invocations"]) / h.median(results[other]["invocations"])
+            print(f"{name:<22} / {other:<22} {ratio:6.2f}x  (target {target})")
+    record(run, args.results, results, rounds, seconds, about, args.loop, args.baseline)
 
 
 def record(
@@ -270,6 +442,8 @@ def record(
     rounds: int,
     seconds: float,
     about: str,
+    loop: str,
+    baseline: str | None,
 ) -> None:
     """The printed medians and ratios, as ``benchmarks/results/http_small*.json``."""
     observability = run.variant == "observability"
@@ -282,21 +456,30 @@ def record(
     ):
         medians = {name: h.median(measured[key]) for name, measured in results.items()}
         run.group(group, unit, better, medians, ours, spreads if key == "invocations" else None, chart)
+    post = "POST /invocations"
     if observability:
         for name in ("default", "--no-metrics", "--no-access-log"):
-            run.compare("POST /invocations", name, "neither")
+            run.compare(post, name, "neither")
             run.compare("server CPU per request", name, "neither")
     else:
-        post = "POST /invocations"
-        run.compare(post, "ours granian", "1.3.3 gunicorn sync", target=">= 5x")
-        run.compare(post, "ours granian", "bare granian", target=">= 0.6x")
-        run.compare(post, "ours granian", "ours granian timeout0", target=">= 0.85x")
-        for peer in PEERS:
-            run.compare(post, "ours granian", peer, target=">= 1.0x")
-        run.compare(post, "ours gunicorn", "1.3.3 gunicorn sync")
-        run.compare(post, "ours gunicorn", "bare gunicorn")
+        pairs = [
+            ("ours granian", "1.3.3 gunicorn sync", ">= 5x"),
+            ("ours granian", "bare granian", ">= 0.6x"),
+            ("ours granian", "ours granian timeout0", ">= 0.85x"),
+            *(("ours granian", peer, ">= 1.0x") for peer in PEERS),
+            *((name, other, target) for name, other, target in targets(results, baseline) if name != "ours granian"),
+            ("ours gunicorn", "1.3.3 gunicorn sync", None),
+            ("ours gunicorn", "bare gunicorn", None),
+            ("bare rsgi executor", FLOOR, None),
+        ]
+        for name, other, target in pairs:
+            if name in results and other in results:
+                run.compare(post, name, other, target=target)
     setup = f"{WORKERS} workers each, wrk 16 keep-alive connections, medians of {rounds} round(s) of {seconds:g} s"
-    run.write(path, "Small JSON requests (http_small.py)", setup, about or None)
+    if not observability and set((*FRONTS, FLOOR, "bare rsgi executor")) & set(results):
+        setup += f"; the event-loop contenders on {loop}"
+    notes = "; ".join(filter(None, (about, f"ours@{baseline}: ours from the tree of {baseline}" if baseline else "")))
+    run.write(path, "Small JSON requests (http_small.py)", setup, notes or None)
 
 
 if __name__ == "__main__":
