@@ -16,9 +16,14 @@ The event-loop ceiling (``loop``, see ``LOOP``) is not a server: a few lines of 
 with our ``.npy`` codec and no deadlines, metrics or logs, measuring what the worker's time per request could be
 without a thread per request.
 
+``ours-asgi`` is ours on granian's ASGI interface (``INFERENCE_SERVER_GRANIAN_INTERFACE=asgi``: ``/invocations`` on
+the worker's event loop), the same flags as ours; it is held to issue 39's targets: >= 0.6x the model's capacity at
+32 clients and >= 0.85x at 128, server CPU per request <= 1.3x the event-loop ceiling's, and its 1-client p50 and p99
+beside ours' on granian's WSGI interface (recorded as ratios, no target: the same run's noise decides them).
+
 BentoML and MLServer run from PyPI, each in its own virtualenv (``_peers.py``, made on first use).
-Run: ``.venv/bin/python benchmarks/batching.py`` (about 20 minutes; ``--quick``: one short round, fewer cases;
-``--contenders ours,loop``: only those).
+Run: ``.venv/bin/python benchmarks/batching.py`` (about 25 minutes; ``--quick``: one short round, fewer cases;
+``--contenders ours,ours-asgi,loop``: only those).
 """
 
 from __future__ import annotations
@@ -48,8 +53,19 @@ MAX_BATCH = 32
 #: Seconds MLServer waits for a batch to fill: ours' default ``max_batch_delay`` (5 ms).
 MLSERVER_BATCH_TIME = 0.005
 MODEL = "bench"
-#: Every contender: batching off, ours, BentoML, MLServer, and the event-loop ceiling (``LOOP``).
-NAMES = ("off", "ours", "bentoml", "mlserver", "loop")
+#: Every contender: batching off, ours (on granian's WSGI and ASGI interfaces), BentoML, MLServer, and the event-loop
+#: ceiling (``LOOP``).
+NAMES = ("off", "ours", "ours-asgi", "bentoml", "mlserver", "loop")
+#: Ours' contenders, and what the tables call each contender.
+MINE = ("ours", "ours-asgi")
+TITLES = {
+    "off": "off",
+    "ours": "ours",
+    "ours-asgi": "ours asgi",
+    "bentoml": "BentoML",
+    "mlserver": "MLServer",
+    "loop": "loop ceiling",
+}
 #: Seconds to wait after each case: when wrk stops, up to 128 requests per worker may still be queued (0.7 s of work
 #: with batching off), which would otherwise be the next case's first latencies.
 SETTLE = 2.0
@@ -287,10 +303,20 @@ def contender(
         return
     command = [h.PYTHON, "-m", "inference_server", "serve", "--host", "127.0.0.1", "--port", str(port)]
     command += ["--workers", str(workers)]
-    if name == "ours":
+    if name in MINE:
         command += ["--max-batch-size", str(MAX_BATCH)]
+    if name == "ours-asgi":
+        env["INFERENCE_SERVER_GRANIAN_INTERFACE"] = "asgi"
     with h.running(name, command, port, env) as server:
         yield f"http://127.0.0.1:{port}/invocations", NPY, f"--workers {workers}", server
+
+
+def capacity_target(name: str, clients: int) -> str | None:
+    """The target of ours' contender ``name`` against the model's capacity at ``clients``: issue 39's for the
+    event-loop front, the earlier 0.8x at 32 clients for ours on granian's WSGI interface."""
+    if name == "ours-asgi":
+        return {32: ">= 0.6x", 128: ">= 0.85x"}.get(clients)
+    return ">= 0.8x" if name == "ours" and clients == 32 else None
 
 
 def main() -> None:
@@ -346,10 +372,10 @@ def main() -> None:
                             time.sleep(SETTLE)
                             rows = [int(line) for line in calls.read_text().split()]
                             batch = sum(rows) / len(rows) if rows else 0.0
-                            run = (rate, p50, p99, batch, cpu_us)
-                            results.setdefault((variant, workers, clients, name), []).append(run)
+                            measured = (rate, p50, p99, batch, cpu_us)
+                            results.setdefault((variant, workers, clients, name), []).append(measured)
                             print(
-                                f"  {variant} w{workers} c{clients:<3} {name:8} {rate:8.0f}/s p50 {p50:7.2f} ms "
+                                f"  {variant} w{workers} c{clients:<3} {name:9} {rate:8.0f}/s p50 {p50:7.2f} ms "
                                 f"p99 {p99:7.2f} ms batch {batch:5.1f} server CPU {cpu_us:4.0f} us/request",
                                 flush=True,
                             )
@@ -359,11 +385,16 @@ def main() -> None:
     for name in ("bentoml", "mlserver"):
         if name in names:
             print(f"{name}: {'; '.join(sorted(notes[name]))}")
-    titles = {"off": "off", "ours": "ours", "bentoml": "BentoML", "mlserver": "MLServer", "loop": "loop ceiling"}
-    ratios = [name for name in ("off", "bentoml", "mlserver", "loop") if name in names and "ours" in names]
+    ours_names = [name for name in MINE if name in names]
+    #: ours' contender -> the contenders it is compared with (ours asgi with ours too: the WSGI front beside it)
+    ratios = {
+        mine: [name for name in ("off", "ours", "bentoml", "mlserver", "loop") if name in names and name != mine]
+        for mine in ours_names
+    }
     print("\nEach cell: req/s, p50, p99, mean batch, server CPU per request.\n")
-    head = ["model", "workers", "clients", *(titles[name] for name in names)]
-    head += [f"ours/{titles[name]}" for name in ratios] + (["ours/capacity"] if "ours" in names else [])
+    head = ["model", "workers", "clients", *(TITLES[name] for name in names)]
+    for mine in ours_names:
+        head += [f"{TITLES[mine]}/{TITLES[name]}" for name in ratios[mine]] + [f"{TITLES[mine]}/capacity"]
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     for variant in variants:
@@ -372,33 +403,46 @@ def main() -> None:
                 cells = {}
                 for name in names:
                     runs = results[variant, workers, clients, name]
-                    cells[name] = [h.median([run[i] for run in runs]) for i in range(5)]
+                    cells[name] = [h.median([one[i] for one in runs]) for i in range(5)]
                 row = [variant, str(workers), str(clients)]
                 row += [
                     f"{cells[name][0]:.0f}/s, {cells[name][1]:.2f} ms, {cells[name][2]:.2f} ms, {cells[name][3]:.1f}, "
                     f"{cells[name][4]:.0f} us"
                     for name in names
                 ]
-                row += [f"{cells['ours'][0] / cells[name][0]:.2f}x" for name in ratios]
-                if "ours" in names:
-                    row.append(f"{cells['ours'][0] / capacities[variant]:.2f}x")
+                for mine in ours_names:
+                    row += [f"{cells[mine][0] / cells[name][0]:.2f}x" for name in ratios[mine]]
+                    row.append(f"{cells[mine][0] / capacities[variant]:.2f}x")
                 print("| " + " | ".join(row) + " |")
                 case = f"{variant} model, {workers} worker{'s' * (workers > 1)}, {clients} clients"
-                values = {titles[name]: cells[name][0] for name in names}
+                values = {TITLES[name]: cells[name][0] for name in names}
                 values["model capacity"] = capacities[variant]
                 details = {
-                    titles[name]: f"p50 {cells[name][1]:.2f} ms, p99 {cells[name][2]:.2f} ms, "
+                    TITLES[name]: f"p50 {cells[name][1]:.2f} ms, p99 {cells[name][2]:.2f} ms, "
                     f"batch {cells[name][3]:.1f}, {cells[name][4]:.0f} us CPU/request"
                     for name in names
                 }
                 charted = clients == 32 or (args.quick and clients > 1)
-                run.group(case, "requests/s", "higher", values, ["ours"], details, chart=charted)
-                for name in ratios:
-                    run.compare(case, "ours", titles[name])
-                for name in ("ours", "loop"):
+                ours_titles = [TITLES[mine] for mine in ours_names]
+                run.group(case, "requests/s", "higher", values, ours_titles, details, chart=charted)
+                for mine in ours_names:
+                    for name in ratios[mine]:
+                        run.compare(case, TITLES[mine], TITLES[name])
+                for name in (*ours_names, "loop"):
                     if name in names:
-                        target = ">= 0.8x" if name == "ours" and clients == 32 else None
-                        run.compare(case, titles[name], "model capacity", target=target)
+                        run.compare(case, TITLES[name], "model capacity", target=capacity_target(name, clients))
+                if "ours-asgi" in names:
+                    cpu = f"{case}: server CPU per request"
+                    values = {TITLES[name]: cells[name][4] for name in names}
+                    run.group(cpu, "us", "lower", values, ours_titles, chart=False)
+                    if "loop" in names:  # issue 39: <= 1.3x the event-loop ceiling's
+                        run.compare(cpu, TITLES["ours-asgi"], TITLES["loop"], target="<= 1.3x")
+                    if clients == 1 and "ours" in names:  # issue 39: no worse than today's at 1 client
+                        for i, figure in ((1, "p50"), (2, "p99")):
+                            latency = f"{case}: {figure}"
+                            values = {TITLES[name]: cells[name][i] for name in names}
+                            run.group(latency, "ms", "lower", values, ours_titles, chart=False)
+                            run.compare(latency, TITLES["ours-asgi"], TITLES["ours"])
     setup = f"model: 5 ms per call + 20 us per row; (1, 16) float32 requests; wrk; {rounds} round(s) of {seconds} s"
     run.write(args.results, "Micro-batching (batching.py)", setup, "; ".join(peers) or None)
 
