@@ -24,7 +24,16 @@ from tests.conftest import local_aws_env, wait_until
 from tests.test_metrics import samples, total
 
 JSON = {"Content-Type": "application/json"}
-BACKENDS = ["granian", "gunicorn"]
+#: Each backend, and granian's event-loop front (``asgi``: streams without a thread each, on the worker's loop).
+BACKENDS = ["granian", "gunicorn", "asgi"]
+
+
+def _serve(backend: str) -> tuple[str, ...]:
+    """The ``serve`` options of a backend of :data:`BACKENDS`."""
+    if backend == "asgi":
+        return ("--server", "granian", "--granian-interface", "asgi")
+    return ("--server", backend)
+
 
 #: A model whose prediction is a generator: it yields ``items`` (waiting before the second for the file ``gate``
 #: when given, pausing ``pause`` s before each), raises at index ``fail_at``, yields ``blob`` bytes first when
@@ -171,6 +180,8 @@ def aws(monkeypatch: pytest.MonkeyPatch) -> Any:
         ("gunicorn", "0", "sync"),
         ("granian", "600", "async"),
         ("gunicorn", "0", "async"),
+        ("asgi", "600", "sync"),
+        ("asgi", "0", "async"),
     ],
 )
 def test_a_generators_records_are_sent_as_they_are_made(
@@ -180,7 +191,7 @@ def test_a_generators_records_are_sent_as_they_are_made(
     file that the test writes only after reading it; the rest follows, chunked, and the generator's finally runs at
     the end (chunks made on a helper thread under --stream-timeout, or on the server's own with --stream-timeout 0)."""
     plugin_site.add("streamer", STREAMER if model == "sync" else ASYNC_STREAMER)
-    server = servers.start("--server", backend, "--stream-timeout", stream_timeout)
+    server = servers.start(*_serve(backend), "--stream-timeout", stream_timeout)
     gate, done = tmp_path / "gate", tmp_path / "done"
     items = [{"n": 0}, {"n": 1}, {"n": 2}]
     response = post(server, "/invocations", {"items": items, "gate": str(gate), "finally": str(done)})
@@ -201,7 +212,7 @@ def test_server_sent_events_are_read_by_an_sse_client_as_they_come(
 ) -> None:
     """Accept: text/event-stream gets one event per record (a str as its data, multi-line data as several data
     lines, anything else as JSON), parsed by sseclient-py, the first before the generator makes the second."""
-    server = servers.start("--server", backend)
+    server = servers.start(*_serve(backend))
     gate = tmp_path / "gate"
     items = ["Hello", "two\nlines", {"token": "!", "n": 3}]
     response = post(server, "/invocations", {"items": items, "gate": str(gate)}, {"Accept": "text/event-stream"})
@@ -235,7 +246,7 @@ def test_a_client_that_goes_away_closes_the_generator(
     """A client that disconnects after the first record stops the generator, sync or async (aclose on the worker's
     loop): its finally runs long before it would have made all its records, and the server goes on serving."""
     plugin_site.add("streamer", STREAMER if model == "sync" else ASYNC_STREAMER)
-    server = servers.start("--server", backend)
+    server = servers.start(*_serve(backend))
     done = tmp_path / "done"
     response = post(server, "/invocations", {"items": list(range(200)), "pause": 0.05, "finally": str(done)})
     assert response.readline() == b"0\n"
@@ -251,7 +262,7 @@ def test_boto3_reads_the_event_stream_and_a_failure_mid_stream(
     """boto3's invoke_endpoint_with_response_stream gets one PayloadPart per record, the model's media type and
     the variant; a model failing after two records ends the stream with a ModelStreamError that botocore raises
     after those two; a failure before the first record is the usual 424 ModelError."""
-    server = servers.start("--server", backend)
+    server = servers.start(*_serve(backend))
     runtime = aws(server)
     response = runtime.invoke_endpoint_with_response_stream(
         EndpointName="my-endpoint",
@@ -311,7 +322,7 @@ def test_a_stream_past_the_stream_timeout_is_cut(
 ) -> None:
     """--stream-timeout bounds the whole stream: a plain stream is cut short (the client sees an incomplete
     chunked body), the event stream ends with a ModelStreamError saying so, and the generators are closed."""
-    server = servers.start("--server", backend, "--stream-timeout", "1")
+    server = servers.start(*_serve(backend), "--stream-timeout", "1")
     done = tmp_path / "done"
     response = post(server, "/invocations", {"items": list(range(20)), "pause": 0.2, "finally": str(done)})
     assert response.readline() == b"0\n"
@@ -340,7 +351,7 @@ def test_the_request_timeout_bounds_the_first_chunk(streamer: None, servers: Any
 def test_sigterm_lets_an_open_stream_finish(backend: str, streamer: None, servers: Any, tmp_path: Path) -> None:
     """A stream open when SIGTERM comes is in flight: new requests are refused while it goes on to its last
     record, then the server exits."""
-    server = servers.start("--server", backend)
+    server = servers.start(*_serve(backend))
     gate = tmp_path / "gate"
     response = post(server, "/invocations", {"items": ["a", "b", "c"], "gate": str(gate)})
     assert response.readline() == b'"a"\n'
@@ -433,7 +444,7 @@ def test_an_async_generator_streams_server_sent_events(
 ) -> None:
     """Accept: text/event-stream gets an async generator's records as events, the first before it makes the
     second."""
-    server = servers.start("--server", backend)
+    server = servers.start(*_serve(backend))
     gate = tmp_path / "gate"
     items = ["Hello", {"token": "!", "n": 3}]
     response = post(server, "/invocations", {"items": items, "gate": str(gate)}, {"Accept": "text/event-stream"})
@@ -450,7 +461,7 @@ def test_boto3_reads_an_async_generators_event_stream(
 ) -> None:
     """boto3's invoke_endpoint_with_response_stream gets one PayloadPart per record of an async generator, and a
     ModelStreamError after the records made before it raised."""
-    server = servers.start("--server", backend)
+    server = servers.start(*_serve(backend))
     runtime = aws(server)
     response = runtime.invoke_endpoint_with_response_stream(
         EndpointName="my-endpoint",

@@ -399,3 +399,34 @@ def test_a_target_model_that_is_not_utf8_is_refused_on_asgi(servers: Any, tmp_pa
     )
     assert answer.startswith(b"HTTP/1.1 400"), answer[:200]
     assert b"printable ASCII" in answer
+
+
+#: A sync model that says which thread ran it, after sleeping ``sleep`` seconds.
+WHERE = """
+    import threading
+    import time
+
+    import inference_server
+
+    @inference_server.plugin_hook
+    def predict_fn(data, model):
+        time.sleep(data.get("sleep", 0))
+        return {"thread": threading.current_thread().name}
+"""
+
+
+def test_a_quick_model_runs_inline_until_a_call_is_slow(front: tuple[str, ...], plugin_site: Any, servers: Any) -> None:
+    """A sync model's first calls run on a model thread; after 32 quick ones in a row they run on the loop's thread
+    (no hand-off), and one slow call there sends them back to the model threads."""
+    plugin_site.add("where", WHERE)
+    server = servers.start(*front)
+
+    def thread(**value: Any) -> str:
+        return str(orjson.loads(_post(server, value).body)["thread"])
+
+    first = thread()
+    assert first.startswith("model")
+    ran = [thread() for _ in range(40)]
+    assert not ran[-1].startswith("model")  # the loop's own thread
+    assert not thread(sleep=0.05).startswith("model")  # (inline, and slow)
+    assert thread().startswith("model")

@@ -26,6 +26,7 @@ import concurrent.futures
 import contextvars
 import functools
 import logging
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
@@ -45,6 +46,13 @@ _UNSET = object()
 #: endpoint, a micro-batch's group. Started only when needed.
 HELPER_THREADS = 1024
 
+#: A sync invocation this quick (seconds, on a model thread) counts towards running the model's calls inline on the
+#: loop: :data:`QUICK_STREAK` such calls in a row, and its calls run inline while no model thread is busy.
+QUICK = 0.001
+QUICK_STREAK = 32
+#: An inline call slower than this (seconds) sends the model's calls back to the model threads.
+SLOW = 0.005
+
 #: What a front reads the body with: ``read(limit)`` gives the whole body, refusing one over ``limit`` bytes (413).
 Reader = Callable[[int | None], Awaitable[bytearray | bytes]]
 
@@ -61,8 +69,58 @@ class _Work:
         self.call: _deadlines.Call | None = None
 
 
+class _Expiry:
+    """A request's timer: when it fires it cancels the request's task and says which timer it was."""
+
+    __slots__ = ("fired", "task")
+
+    def __init__(self) -> None:
+        self.task = asyncio.current_task()
+        self.fired: str | None = None
+
+    def fire(self, which: str) -> None:
+        self.fired = which
+        if self.task is not None:
+            self.task.cancel()
+
+    def forget(self) -> None:
+        """The cancellation was ours and is answered: the task goes on as if it had not been cancelled."""
+        uncancel = getattr(self.task, "uncancel", None)  # (Python 3.11+; 3.10 keeps no count)
+        if uncancel is not None:
+            uncancel()
+
+
+class _Pace:
+    """How quick a model's sync invocations are: whether they run inline on the loop."""
+
+    __slots__ = ("inline", "streak")
+
+    def __init__(self) -> None:
+        self.inline = False
+        self.streak = 0  # quick calls in a row on the model threads
+
+    def timed(self, function: Callable[[], _T]) -> _T:
+        """On a model thread: ``function()``, counted quick or not."""
+        began = time.perf_counter()
+        try:
+            return function()
+        finally:
+            if time.perf_counter() - began < QUICK:
+                self.streak += 1
+                if self.streak >= QUICK_STREAK:
+                    self.inline = True
+            else:
+                self.streak = 0
+
+
 class AsyncLifecycle:
-    """The life of an invocation on the event loop, for one app (see the module's text)."""
+    """The life of an invocation on the event loop, for one app (see the module's text).
+
+    A model whose sync invocations are known to be quick (:data:`QUICK_STREAK` calls in a row under :data:`QUICK`
+    on the model threads) has them run inline on the loop while no model thread is busy (so two sync model calls
+    still never overlap): a hand-off to a thread and back costs more than such a call. One inline call slower than
+    :data:`SLOW` sends them back to the threads (it held the loop that long, as any hook on the loop would).
+    """
 
     def __init__(self, lifecycle: Lifecycle) -> None:
         self.lifecycle = lifecycle
@@ -71,20 +129,36 @@ class AsyncLifecycle:
         #: The model threads: sync hooks run here, ``--threads`` at once.
         self.models = concurrent.futures.ThreadPoolExecutor(settings.threads, "model")
         self._helpers = concurrent.futures.ThreadPoolExecutor(HELPER_THREADS, "helper")
+        self._paces: dict[int, _Pace] = {}
+        #: Calls handed to the model threads and not finished (changed under the lock, from either side).
+        self._busy = 0
+        self._busy_lock = threading.Lock()
 
     async def on_model_thread(self, function: Callable[..., _T], *args: Any, work: _Work | None = None) -> _T:
         """``function(*args)`` on a model thread, in a copy of this task's context; what it set there is set here."""
         context = contextvars.copy_context()
+        with self._busy_lock:
+            self._busy += 1
+        future = self.models.submit(context.run, self._started, work, function, *args)
         if work is not None:
-            future = self.models.submit(context.run, _started, work, function, *args)
             work.future = future
-        else:
-            future = self.models.submit(context.run, function, *args)
+        future.add_done_callback(self._finished)
         result = await asyncio.wrap_future(future)
         for variable, value in context.items():
             if variable.get(_UNSET) is not value:
                 variable.set(value)
         return result
+
+    @staticmethod
+    def _started(work: _Work | None, function: Callable[..., _T], *args: Any) -> _T:
+        """On a model thread: the work is running now (what its 504 says), then ``function(*args)``."""
+        if work is not None:
+            work.stage = _deadlines.RUNNING
+        return function(*args)
+
+    def _finished(self, future: concurrent.futures.Future[Any]) -> None:
+        with self._busy_lock:
+            self._busy -= 1
 
     async def invoke(self, request: Request, target: Target, read: Reader, framing: Framing | None = None) -> Reply:
         """Answer one invocation of ``target``: 200 and the encoded prediction (its body a list of buffers, or
@@ -108,25 +182,36 @@ class AsyncLifecycle:
         return status, headers, body
 
     async def _bounded(self, request: Request, target: Target, read: Reader, framing: Framing | None) -> Reply:
+        """The invocation under its two timers: the body's (``--read-timeout``, within ``--timeout``: 408) and the
+        whole's (``--timeout``: 504). Each cancels the request's task when it fires (what is awaited then is
+        dropped: work still waiting for a model thread never runs), and the request is answered at once."""
         start = time.monotonic()
         timeout = self._timeout
         read_timeout = min(timeout, self.settings.read_timeout) if timeout else self.settings.read_timeout
+        expiry = _Expiry()
+        loop = asyncio.get_running_loop()
+        timer = loop.call_later(read_timeout, expiry.fire, _deadlines.READING)
         try:
-            body = await asyncio.wait_for(read(target.pipeline.max_body), read_timeout)
-        except asyncio.TimeoutError:
+            body = await read(target.pipeline.max_body)
+        except asyncio.CancelledError:
+            if expiry.fired is None:
+                raise
+            expiry.forget()
             raise RequestTimeout(f"the request body did not arrive within {read_timeout} s") from None
+        finally:
+            timer.cancel()
         work = _Work()
-        running = asyncio.ensure_future(self._invoke(request, target, body, framing, work, start))
         if timeout is None:
-            return await running
+            return await self._invoke(request, target, body, framing, work, start)
+        timer = loop.call_later(start + timeout - time.monotonic(), expiry.fire, _deadlines.RUNNING)
         try:
-            done, _ = await asyncio.wait((running,), timeout=start + timeout - time.monotonic())
-        except BaseException:
-            running.cancel()
-            raise
-        if done:
-            return running.result()
-        running.cancel()  # a model thread's work not started yet is dropped (its future is cancelled with it)
+            return await self._invoke(request, target, body, framing, work, start)
+        except asyncio.CancelledError:
+            if expiry.fired is None:
+                raise
+            expiry.forget()
+        finally:
+            timer.cancel()
         if work.call is not None:  # the batcher leaves it out of its groups, or it is running in one
             work.stage = work.call.cancel()
         self._watch_stuck(work.future, request.request_id)
@@ -173,7 +258,21 @@ class AsyncLifecycle:
             output = await pipeline.ainvoke(body, content_type, accept, model, self._on_thread(work), framing)
         else:
             invoke = functools.partial(pipeline.invoke, body, content_type, accept, model, None, True, framing)
-            output = await self.on_model_thread(invoke, work=work)
+            pace = self._paces.get(id(model))
+            if pace is None:
+                if len(self._paces) >= 10_000:  # (models come and go on a multi-model endpoint)
+                    self._paces.clear()
+                pace = self._paces[id(model)] = _Pace()
+            if pace.inline and not self._busy:
+                work.stage = _deadlines.RUNNING
+                began = time.perf_counter()
+                try:
+                    output = invoke()
+                finally:
+                    if time.perf_counter() - began > SLOW:
+                        pace.inline, pace.streak = False, 0
+            else:
+                output = await self.on_model_thread(pace.timed, invoke, work=work)
         if output.stream is not None:
             stream_timeout = self.settings.stream_timeout
             deadline = start + stream_timeout if stream_timeout else None
@@ -187,12 +286,6 @@ class AsyncLifecycle:
             return await self.on_model_thread(function, *args, work=work)
 
         return on_thread
-
-
-def _started(work: _Work, function: Callable[..., _T], *args: Any) -> _T:
-    """On a model thread: the work is running now (what its 504 says), then ``function(*args)``."""
-    work.stage = _deadlines.RUNNING
-    return function(*args)
 
 
 #: What the event-loop lifecycle answers: status, headers, and the body as a list of buffers or :class:`Chunks`.

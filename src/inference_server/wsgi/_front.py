@@ -30,6 +30,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("inference_server")
 
+#: Bodies of at most this many bytes are read with one call.
+_SMALL = 1 << 16
 #: Threads the bridge calls the WSGI app's routes on (started only when needed).
 BRIDGE_THREADS = 64
 
@@ -232,6 +234,12 @@ async def read_body(exchange: Exchange, limit: int | None) -> bytearray:
             raise BadRequest(f"Content-Length {header!r} is not a byte count") from None
         if limit is not None and length > limit:
             raise PayloadTooLarge(f"the body is {length} bytes; the limit (MaxPayloadInMB) is {limit} bytes{_RAISE}")
+        if length <= _SMALL:  # one read, one copy (each chunk of a streamed read is a wake-up of the loop)
+            small = await exchange.whole()
+            if len(small) != length:
+                raise BadRequest(f"the body ended after {len(small)} of {length} bytes (Content-Length)")
+            environ[BODY_BYTES] = length
+            return bytearray(small)
         buffer = bytearray(length)
         position = 0
         try:
