@@ -70,15 +70,30 @@ class _Work:
 
 
 class _Expiry:
-    """A request's timer: when it fires it cancels the request's task and says which timer it was."""
+    """A request's timer. Set for the body's deadline; firing then, it cancels the request's task (a 408). Firing
+    once the body is read, it waits on for the whole request's deadline, if any, then cancels the task (a 504): one
+    timer per request, re-armed only for a request that outlives the body's deadline."""
 
-    __slots__ = ("fired", "task")
+    __slots__ = ("deadline", "fired", "reading", "task", "timer")
 
-    def __init__(self) -> None:
+    def __init__(self, deadline: float | None) -> None:
         self.task = asyncio.current_task()
+        self.deadline = deadline
+        self.reading = True
         self.fired: str | None = None
+        self.timer: asyncio.TimerHandle | None = None
 
-    def fire(self, which: str) -> None:
+    def fire(self) -> None:
+        if not self.reading:
+            if self.deadline is None:
+                return
+            left = self.deadline - time.monotonic()
+            if left > 0:
+                self.timer = asyncio.get_running_loop().call_later(left, self._expire, _deadlines.RUNNING)
+                return
+        self._expire(_deadlines.READING if self.reading else _deadlines.RUNNING)
+
+    def _expire(self, which: str) -> None:
         self.fired = which
         if self.task is not None:
             self.task.cancel()
@@ -182,29 +197,18 @@ class AsyncLifecycle:
         return status, headers, body
 
     async def _bounded(self, request: Request, target: Target, read: Reader, framing: Framing | None) -> Reply:
-        """The invocation under its two timers: the body's (``--read-timeout``, within ``--timeout``: 408) and the
-        whole's (``--timeout``: 504). Each cancels the request's task when it fires (what is awaited then is
+        """The invocation under one timer: the body's deadline (``--read-timeout``, within ``--timeout``: 408), then
+        the whole's (``--timeout``: 504). When it fires it cancels the request's task (what is awaited then is
         dropped: work still waiting for a model thread never runs), and the request is answered at once."""
         start = time.monotonic()
         timeout = self._timeout
         read_timeout = min(timeout, self.settings.read_timeout) if timeout else self.settings.read_timeout
-        expiry = _Expiry()
-        loop = asyncio.get_running_loop()
-        timer = loop.call_later(read_timeout, expiry.fire, _deadlines.READING)
+        expiry = _Expiry(start + timeout if timeout else None)
+        timer = asyncio.get_running_loop().call_later(read_timeout, expiry.fire)
+        work = _Work()
         try:
             body = await read(target.pipeline.max_body)
-        except asyncio.CancelledError:
-            if expiry.fired is None:
-                raise
-            expiry.forget()
-            raise RequestTimeout(f"the request body did not arrive within {read_timeout} s") from None
-        finally:
-            timer.cancel()
-        work = _Work()
-        if timeout is None:
-            return await self._invoke(request, target, body, framing, work, start)
-        timer = loop.call_later(start + timeout - time.monotonic(), expiry.fire, _deadlines.RUNNING)
-        try:
+            expiry.reading = False
             return await self._invoke(request, target, body, framing, work, start)
         except asyncio.CancelledError:
             if expiry.fired is None:
@@ -212,6 +216,10 @@ class AsyncLifecycle:
             expiry.forget()
         finally:
             timer.cancel()
+            if expiry.timer is not None:
+                expiry.timer.cancel()
+        if expiry.fired == _deadlines.READING:
+            raise RequestTimeout(f"the request body did not arrive within {read_timeout} s")
         if work.call is not None:  # the batcher leaves it out of its groups, or it is running in one
             work.stage = work.call.cancel()
         self._watch_stuck(work.future, request.request_id)
