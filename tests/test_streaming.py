@@ -9,6 +9,7 @@ import contextlib
 import http.client
 import os
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -194,12 +195,14 @@ def test_a_generators_records_are_sent_as_they_are_made(
     server = servers.start(*_serve(backend), "--stream-timeout", stream_timeout)
     gate, done = tmp_path / "gate", tmp_path / "done"
     items = [{"n": 0}, {"n": 1}, {"n": 2}]
+    started = time.monotonic()
     response = post(server, "/invocations", {"items": items, "gate": str(gate), "finally": str(done)})
     assert response.status == 200
     assert response.getheader("Content-Type") == "application/jsonlines"
     assert response.getheader("Transfer-Encoding") == "chunked"
     assert response.getheader("Content-Length") is None
     assert response.readline() == b'{"n":0}\n'
+    assert time.monotonic() - started < 30  # before the generator stops waiting for the gate (30 s) on its own
     assert not done.exists()
     gate.write_text("go")
     assert response.read() == b'{"n":1}\n{"n":2}\n'

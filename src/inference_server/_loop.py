@@ -186,16 +186,19 @@ class Items(Iterator[Any]):
     (:meth:`prefetch`), and ``next()`` hands it over; a ``next()`` on the loop with no item fetched (an
     ``output_fn`` taking several records of an async stream per chunk) is a :class:`RuntimeError` saying so."""
 
-    __slots__ = ("_done", "_ended", "_generator", "_name", "_ready")
+    __slots__ = ("_done", "_ended", "_generator", "_name", "_ready", "taken")
 
     def __init__(self, generator: AsyncGenerator[Any, None], name: str) -> None:
         self._generator, self._name = generator, name
         self._done = False
         self._ended = False  # the generator said it is finished (to a prefetch)
         self._ready: list[Any] = []
+        #: Items handed out so far.
+        self.taken = 0
 
     def __next__(self) -> Any:
         if self._ready:
+            self.taken += 1
             return self._ready.pop()
         if self._done or self._ended:
             self._done = True
@@ -208,13 +211,15 @@ class Items(Iterator[Any]):
                 "yield one chunk per record"
             )
         try:
-            return run(self._generator.__anext__(), self._name)
+            item = run(self._generator.__anext__(), self._name)
         except StopAsyncIteration:
             self._done = True
             raise StopIteration from None
         except BaseException:
             self._done = True  # a generator that raised is finished
             raise
+        self.taken += 1
+        return item
 
     async def prefetch(self) -> None:
         """On the loop: await the next item, for the next ``next()`` to hand over (nothing once finished)."""

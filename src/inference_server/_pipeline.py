@@ -79,7 +79,7 @@ class Stream:
     """The chunks of an iterator that ``output_fn`` returned (a generator ``predict_fn`` made, encoded one by one),
     each made when asked for, in the invocation's context: the context variables its hooks saw."""
 
-    __slots__ = ("_chunks", "context", "records")
+    __slots__ = ("_chunks", "context", "made", "records")
 
     def __init__(self, chunks: Iterator[Any]) -> None:
         self._chunks = chunks
@@ -88,6 +88,8 @@ class Stream:
         #: The records of an async generator ``predict_fn`` made, when they are what the chunks are made of: the
         #: event-loop lifecycle awaits each on the loop (:meth:`_loop.Items.prefetch`), then makes its chunk there.
         self.records: _loop.Items | None = None
+        #: Chunks made so far, empty ones included.
+        self.made = 0
 
     def next(self) -> codecs.Buffer | None:
         """The next chunk that is not empty, or None at the end; a :class:`HookError` if the iterator raised."""
@@ -98,6 +100,7 @@ class Stream:
                 return None
             except Exception as exc:
                 raise HookError("output_fn", exc, summary=f"the response stream raised {type(exc).__name__}") from exc
+            self.made += 1
             chunk = _chunk(item)
             if memoryview(chunk).nbytes:  # an empty chunk would end HTTP's chunked coding: there is nothing to send
                 return chunk
@@ -118,18 +121,23 @@ class Stream:
             return None
         except Exception as exc:
             raise HookError("output_fn", exc, summary=f"the response stream raised {type(exc).__name__}") from exc
+        self.made += 1
         return _chunk(item)
 
     async def anext(self) -> codecs.Buffer | None:
         """On the event loop, for a stream of an async generator's records: the next chunk that is not empty, or
-        None at the end (each record awaited on the loop, its chunk made there)."""
+        None at the end (each record awaited on the loop, its chunk made there). A record is fetched only when the
+        chunks' iterator has made a chunk of each one it took (the built-in encoders take the first record before
+        their first chunk, and one record per chunk after it)."""
         records = self.records
         assert records is not None
         while True:
-            try:
-                await records.prefetch()
-            except Exception as exc:
-                raise HookError("predict_fn", exc, summary=f"the response stream raised {type(exc).__name__}") from exc
+            if records.taken <= self.made:  # the chunks' iterator holds no record yet: its next one is fetched first
+                try:
+                    await records.prefetch()
+                except Exception as exc:
+                    summary = f"the response stream raised {type(exc).__name__}"
+                    raise HookError("predict_fn", exc, summary=summary) from exc
             chunk = self.next_made()
             if chunk is None or memoryview(chunk).nbytes:
                 return chunk
