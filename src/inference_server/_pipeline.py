@@ -94,15 +94,8 @@ class Stream:
     def next(self) -> codecs.Buffer | None:
         """The next chunk that is not empty, or None at the end; a :class:`HookError` if the iterator raised."""
         while True:
-            try:
-                item = self.context.run(next, self._chunks)
-            except StopIteration:
-                return None
-            except Exception as exc:
-                raise HookError("output_fn", exc, summary=f"the response stream raised {type(exc).__name__}") from exc
-            self.made += 1
-            chunk = _chunk(item)
-            if memoryview(chunk).nbytes:  # an empty chunk would end HTTP's chunked coding: there is nothing to send
+            chunk = self.next_made()
+            if chunk is None or memoryview(chunk).nbytes:  # an empty chunk would end HTTP's chunked coding
                 return chunk
 
     def close(self) -> None:

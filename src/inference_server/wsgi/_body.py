@@ -62,6 +62,22 @@ def unsupported_coding(codings: str) -> str:
     )
 
 
+def declared_length(environ: WSGIEnvironment, limit: int | None) -> int | None:
+    """The body's ``Content-Length`` (None without one): a 400 if it is not a byte count, a 413 over ``limit``."""
+    header = environ.get("CONTENT_LENGTH")
+    if not header:
+        return None
+    try:
+        length = int(header)
+        if length < 0:
+            raise ValueError
+    except ValueError:
+        raise BadRequest(f"Content-Length {header!r} is not a byte count") from None
+    if limit is not None and length > limit:
+        raise PayloadTooLarge(f"the body is {length} bytes; the limit (MaxPayloadInMB) is {limit} bytes{_RAISE}")
+    return length
+
+
 def read_body(environ: WSGIEnvironment, limit: int | None, reading: Reading = PEP_3333) -> bytearray | bytes:
     """Read the request body into one buffer, refusing bodies over ``limit`` bytes with 413.
 
@@ -72,16 +88,8 @@ def read_body(environ: WSGIEnvironment, limit: int | None, reading: Reading = PE
     be read (not before a 413 or 411).
     """
     stream = environ["wsgi.input"]
-    length_header = environ.get("CONTENT_LENGTH")
-    if length_header:
-        try:
-            length = int(length_header)
-            if length < 0:
-                raise ValueError
-        except ValueError:
-            raise BadRequest(f"Content-Length {length_header!r} is not a byte count") from None
-        if limit is not None and length > limit:
-            raise PayloadTooLarge(f"the body is {length} bytes; the limit (MaxPayloadInMB) is {limit} bytes{_RAISE}")
+    length = declared_length(environ, limit)
+    if length is not None:
         if reading.send_continue is not None:
             _continue(environ, reading.send_continue)
         if length <= _SMALL:  # one read and one copy (a server may return less: read on below)

@@ -21,7 +21,7 @@ from inference_server import _logging, _loop, codecs
 from inference_server.errors import BadRequest, HTTPError, LengthRequired, PayloadTooLarge, RequestTimeout
 from inference_server.wsgi._app import App, answered, request_id_of
 from inference_server.wsgi._async import AsyncLifecycle, Chunks
-from inference_server.wsgi._body import _RAISE, _USE_CONTENT_LENGTH, BODY_BYTES
+from inference_server.wsgi._body import _RAISE, _USE_CONTENT_LENGTH, BODY_BYTES, declared_length
 from inference_server.wsgi._invoke import StreamFailed
 from inference_server.wsgi._replies import PIECE, Body, Request, close, error_for
 
@@ -224,16 +224,8 @@ async def read_body(exchange: Exchange, limit: int | None) -> bytearray:
     """The body, read into one buffer (of its declared length, allocated once), refusing one over ``limit`` bytes
     (413, before reading it when its length is declared); a body cut short or longer than declared is a 400."""
     environ = exchange.environ
-    header = environ.get("CONTENT_LENGTH")
-    if header:
-        try:
-            length = int(header)
-            if length < 0:
-                raise ValueError
-        except ValueError:
-            raise BadRequest(f"Content-Length {header!r} is not a byte count") from None
-        if limit is not None and length > limit:
-            raise PayloadTooLarge(f"the body is {length} bytes; the limit (MaxPayloadInMB) is {limit} bytes{_RAISE}")
+    length = declared_length(environ, limit)
+    if length is not None:
         if length <= _SMALL:  # one read, one copy (each chunk of a streamed read is a wake-up of the loop)
             small = await exchange.whole()
             if len(small) != length:
