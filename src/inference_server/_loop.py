@@ -122,13 +122,18 @@ def run(awaitable: Awaitable[_T], name: str) -> _T:
     except BaseException:
         future.cancel()  # the caller gave up (its own exception): the hook is cancelled at its next await
         raise
-    for variable, value in context.items():  # what the hook set, the caller's next hooks see
-        if variable.get(_UNSET) is not value:
-            variable.set(value)
+    carry(context)  # what the hook set, the caller's next hooks see
     return result
 
 
 _UNSET = object()
+
+
+def carry(context: contextvars.Context) -> None:
+    """Set here what differs in ``context`` (a copy of this context that code elsewhere ran in)."""
+    for variable, value in context.items():
+        if variable.get(_UNSET) is not value:
+            variable.set(value)
 
 
 async def _within(awaitable: Awaitable[_T], name: str) -> tuple[_T, contextvars.Context]:

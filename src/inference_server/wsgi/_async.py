@@ -31,7 +31,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
-from inference_server import _deadlines, codecs
+from inference_server import _deadlines, _loop, codecs
 from inference_server._pipeline import Framing, Output, Stream
 from inference_server.errors import GatewayTimeout, HookError, RequestTimeout, ServiceUnavailable
 from inference_server.wsgi._invoke import RECYCLE_GRACE, Lifecycle, StreamFailed, Target, _batched
@@ -40,7 +40,6 @@ from inference_server.wsgi._replies import Headers, Request
 logger = logging.getLogger("inference_server")
 
 _T = TypeVar("_T")
-_UNSET = object()
 
 #: Threads that wait on behalf of requests for what is not on the loop yet: a model loading on a multi-model
 #: endpoint, a micro-batch's group. Started only when needed.
@@ -159,9 +158,7 @@ class AsyncLifecycle:
             work.future = future
         future.add_done_callback(self._finished)
         result = await asyncio.wrap_future(future)
-        for variable, value in context.items():
-            if variable.get(_UNSET) is not value:
-                variable.set(value)
+        _loop.carry(context)
         return result
 
     @staticmethod
