@@ -47,7 +47,7 @@ class _Running:
     """This process's loop and the ident of the thread that runs it (a daemon thread of ours, or the server's)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
-        self.pid = os.getpid()
+        self.pid = _pid
         self.ident: int | None
         if loop is not None:
             self.loop, self.ident = loop, threading.get_ident()
@@ -62,14 +62,17 @@ class _Running:
 
 _running: _Running | None = None
 _lock = threading.Lock()
+#: This process's id, kept current across forks (``os.getpid()`` is a system call, and :func:`on_loop` is asked on
+#: every request of the event-loop fronts).
+_pid = os.getpid()
 #: The hooks already named for blocking the loop in this process.
 _warned: set[str] = set()
 
 
 def _forget() -> None:
     """In a child after a fork: no loop yet (the parent's thread is not here), no hook named, a lock nobody holds."""
-    global _running, _lock
-    _running, _lock = None, threading.Lock()
+    global _running, _lock, _pid
+    _running, _lock, _pid = None, threading.Lock(), os.getpid()
     _warned.clear()
 
 
@@ -79,7 +82,7 @@ os.register_at_fork(after_in_child=_forget)
 def running() -> asyncio.AbstractEventLoop | None:
     """This process's loop if it was started, else None."""
     current = _running
-    return current.loop if current is not None and current.pid == os.getpid() else None
+    return current.loop if current is not None and current.pid == _pid else None
 
 
 def adopt(loop: asyncio.AbstractEventLoop) -> None:
@@ -92,16 +95,16 @@ def adopt(loop: asyncio.AbstractEventLoop) -> None:
 def on_loop() -> bool:
     """Whether this thread runs this process's loop."""
     current = _running
-    return current is not None and current.pid == os.getpid() and current.ident == threading.get_ident()
+    return current is not None and current.pid == _pid and current.ident == threading.get_ident()
 
 
 def _started() -> _Running:
     global _running
     current = _running
-    if current is None or current.pid != os.getpid():
+    if current is None or current.pid != _pid:
         with _lock:
             current = _running
-            if current is None or current.pid != os.getpid():
+            if current is None or current.pid != _pid:
                 _running = current = _Running()
     return current
 

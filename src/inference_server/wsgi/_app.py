@@ -52,6 +52,8 @@ PROTOCOLS = (sagemaker, runtime, models, v2, prometheus)
 INFERENCE_ID = "HTTP_X_AMZN_SAGEMAKER_INFERENCE_ID"
 #: The environ key under which the app notes the route (pattern) a request matched.
 ROUTE = "inference_server.route"
+#: The size of the request's head as its client wrote it, where the front measured it.
+HEAD_BYTES = "inference_server.head_bytes"
 #: The headers a WSGI environ has without the ``HTTP_`` prefix.
 _BODY_HEADERS = frozenset(("CONTENT_TYPE", "CONTENT_LENGTH"))
 #: Routes whose access-log lines are at debug level: health checks and scrapes would flood the log.
@@ -261,14 +263,21 @@ class App:
         return self._tracing
 
     def record(
-        self, environ: WSGIEnvironment, method: str, status: int, headers: list[tuple[str, str]], started: float
+        self,
+        environ: WSGIEnvironment,
+        method: str,
+        status: int,
+        headers: list[tuple[str, str]],
+        started: float,
+        sent: int | None = None,
     ) -> tuple[Any, ...]:
-        """What :meth:`finish` records of a request (its answer's size from its ``Content-Length``, if any)."""
-        sent = 0
-        for name, value in headers:
-            if name == "Content-Length":
-                sent = int(value)
-                break
+        """What :meth:`finish` records of a request: its answer's size is ``sent``, or its ``Content-Length``."""
+        if sent is None:
+            sent = 0
+            for name, value in headers:
+                if name == "Content-Length":
+                    sent = int(value)
+                    break
         route = environ.get(ROUTE, metrics.OTHER)
         return (route, method, status, started, environ.get(BODY_BYTES, 0), sent, environ.get(MODEL, ""))
 
@@ -349,30 +358,40 @@ class App:
         codings = environ.get("HTTP_TRANSFER_ENCODING")
         if codings is not None and codings.strip().lower() != "chunked":  # (granian reads "gzip, chunked" as chunked)
             raise BadRequest(unsupported_coding(codings))
-        # The head as a client writes it: "METHOD target VERSION", "Name: value" lines, each with its CRLF, and the
-        # empty line: exact for such a head (the server bounds what the environ cannot tell: spaces around values,
-        # escapes). granian's environ ends with the headers; a server whose environ does not (gunicorn) measures the
-        # head itself, exactly.
-        size = len(environ.get("REQUEST_METHOD", "")) + len(environ.get("SERVER_PROTOCOL", "")) + 6
-        if "RAW_URI" in environ:
-            size += len(environ["RAW_URI"])
+        size = environ.get(HEAD_BYTES)
+        if size is None:
+            size, headers = _head_bytes(environ)
         else:
-            query = environ.get("QUERY_STRING", "")
-            size += len(environ.get("PATH_INFO", "")) + (len(query) + 1 if query else 0)
-        headers = 0
-        for key in reversed(environ):  # granian adds the headers last, after a copy of os.environ and the CGI keys
-            if key[:5] == "HTTP_":
-                size += len(key) - 1 + len(environ[key])  # (the name is 5 shorter than the key, ": " and CRLF)
-                headers += 1
-            elif key in _BODY_HEADERS:
-                size += len(key) + 4 + len(environ[key])
-            else:
-                break
+            headers = 1
         if headers and size > self.settings.max_header_bytes:
             raise werkzeug.exceptions.RequestHeaderFieldsTooLarge(
                 f"the request line and headers are larger than {self.settings.max_header_bytes} bytes "
                 "(--max-header-bytes)"
             )
+
+
+def _head_bytes(environ: WSGIEnvironment) -> tuple[int, int]:
+    """The size of the request's head and its number of headers, from a WSGI server's environ."""
+    # The head as a client writes it: "METHOD target VERSION", "Name: value" lines, each with its CRLF, and the empty
+    # line: exact for such a head (the server bounds what the environ cannot tell: spaces around values, escapes).
+    # granian's environ ends with the headers; a server whose environ does not (gunicorn) measures the head itself,
+    # exactly.
+    size = len(environ.get("REQUEST_METHOD", "")) + len(environ.get("SERVER_PROTOCOL", "")) + 6
+    if "RAW_URI" in environ:
+        size += len(environ["RAW_URI"])
+    else:
+        query = environ.get("QUERY_STRING", "")
+        size += len(environ.get("PATH_INFO", "")) + (len(query) + 1 if query else 0)
+    headers = 0
+    for key in reversed(environ):  # granian adds the headers last, after a copy of os.environ and the CGI keys
+        if key[:5] == "HTTP_":
+            size += len(key) - 1 + len(environ[key])  # (the name is 5 shorter than the key, ": " and CRLF)
+            headers += 1
+        elif key in _BODY_HEADERS:
+            size += len(key) + 4 + len(environ[key])
+        else:
+            break
+    return size, headers
 
 
 def request_id_of(environ: WSGIEnvironment) -> str:

@@ -1,5 +1,5 @@
 """The invocation lifecycle on the worker's event loop: drain admission, the body read with ``--read-timeout``, the
-deadline as a loop timer, sync hooks on the model threads, async hooks on the loop, and streams.
+deadline checked on the loop, sync hooks on the model threads, async hooks on the loop, and streams.
 
 The event-loop front (:mod:`inference_server.wsgi._rsgi`, granian's RSGI interface) runs ``/invocations`` through
 :class:`AsyncLifecycle`; the sync :class:`~inference_server.wsgi._invoke.Lifecycle` still serves the WSGI fronts
@@ -7,10 +7,10 @@ and the other protocols, and this one shares its settings, worker state and work
 
 - **The body** is read on the loop by the front's reader, bounded by ``--read-timeout`` (a 408: a client that
   stalls holds no thread) and by the body limit (413).
-- **The deadline** (``--timeout``) is a loop timer over the whole invocation: at it the client is answered 504 at
-  once. A sync hook still running finishes on its model thread and gives its slot back when it returns; one still
-  running :data:`~inference_server.wsgi._invoke.RECYCLE_GRACE` seconds later has its worker replaced, as on the
-  WSGI path. Work still waiting for a model thread is dropped without calling the model.
+- **The deadline** (``--timeout``) bounds the whole invocation, checked on the loop every :data:`TICK`: at it the
+  client is answered 504 at once. A sync hook still running finishes on its model thread and gives its slot back
+  when it returns; one still running :data:`~inference_server.wsgi._invoke.RECYCLE_GRACE` seconds later has its
+  worker replaced, as on the WSGI path. Work still waiting for a model thread is dropped without calling the model.
 - **Sync hooks** run on the model threads (``--threads`` of them, one by default: two sync model calls never
   overlap), all three of an invocation in one hand-off; **async hooks** run on the loop
   (:meth:`Pipeline.ainvoke`).
@@ -25,6 +25,7 @@ import asyncio
 import concurrent.futures
 import contextvars
 import functools
+import heapq
 import logging
 import threading
 import time
@@ -52,6 +53,9 @@ QUICK_STREAK = 32
 #: An inline call slower than this (seconds) sends the model's calls back to the model threads.
 SLOW = 0.005
 
+#: How often the requests' deadlines are checked (seconds): a 408 or a 504 is answered at most this late.
+TICK = 0.05
+
 #: What a front reads the body with: ``read(limit)`` gives the whole body, refusing one over ``limit`` bytes (413).
 Reader = Callable[[int | None], Awaitable[bytearray | bytes]]
 
@@ -69,31 +73,27 @@ class _Work:
 
 
 class _Expiry:
-    """A request's timer. Set for the body's deadline; firing then, it cancels the request's task (a 408). Firing
-    once the body is read, it waits on for the whole request's deadline, if any, then cancels the task (a 504): one
-    timer per request, re-armed only for a request that outlives the body's deadline."""
+    """A request's deadline. Set for the body's (``--read-timeout``); due then, it cancels the request's task (a 408).
+    Due once the body is read, it is set again for the whole request's deadline, if any, and then cancels the task
+    (a 504)."""
 
-    __slots__ = ("deadline", "fired", "reading", "task", "timer")
+    __slots__ = ("deadline", "fired", "reading", "slot", "task")
 
-    def __init__(self, deadline: float | None) -> None:
-        self.task = asyncio.current_task()
+    def __init__(self, deadline: float | None, task: asyncio.Task[Any] | None) -> None:
+        self.task = task
         self.deadline = deadline
         self.reading = True
         self.fired: str | None = None
-        self.timer: asyncio.TimerHandle | None = None
+        self.slot = 0  # (its tick in :class:`_Deadlines`)
 
-    def fire(self) -> None:
+    def due(self, deadlines: _Deadlines) -> None:
         if not self.reading:
             if self.deadline is None:
                 return
-            left = self.deadline - time.monotonic()
-            if left > 0:
-                self.timer = asyncio.get_running_loop().call_later(left, self._expire, _deadlines.RUNNING)
+            if self.deadline > time.monotonic():
+                deadlines.set(self, self.deadline, deadlines.loop)
                 return
-        self._expire(_deadlines.READING if self.reading else _deadlines.RUNNING)
-
-    def _expire(self, which: str) -> None:
-        self.fired = which
+        self.fired = _deadlines.READING if self.reading else _deadlines.RUNNING
         if self.task is not None:
             self.task.cancel()
 
@@ -102,6 +102,48 @@ class _Expiry:
         uncancel = getattr(self.task, "uncancel", None)  # (Python 3.11+; 3.10 keeps no count)
         if uncancel is not None:
             uncancel()
+
+
+class _Deadlines:
+    """The deadlines of the requests on the loop, checked every :data:`TICK` by one loop timer (armed while any is
+    set). Chosen over a loop timer per request, made and cancelled for each although nearly every request ends long
+    before its deadline: setting and clearing one here is a set's add and discard."""
+
+    __slots__ = ("_due", "_slots", "_timer", "loop")
+
+    def __init__(self) -> None:
+        self._slots: dict[int, set[_Expiry]] = {}  # by tick: the deadlines that fall in it
+        self._due: list[int] = []  # (a heap of the ticks in _slots)
+        self._timer: asyncio.TimerHandle | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    def set(self, expiry: _Expiry, when: float, loop: asyncio.AbstractEventLoop | None) -> None:
+        """Call ``expiry.due(self)`` at the first tick at or after ``when`` (on ``time.monotonic()``'s clock); ``loop``
+        is the running loop."""
+        if loop is not self.loop:  # (a new loop: what was set on another is gone with it)
+            self._slots, self._due, self._timer, self.loop = {}, [], None, loop
+        assert loop is not None
+        slot = expiry.slot = int(when / TICK) + 1
+        expiries = self._slots.get(slot)
+        if expiries is None:
+            expiries = self._slots[slot] = set()
+            heapq.heappush(self._due, slot)
+        expiries.add(expiry)
+        if self._timer is None:
+            self._timer = loop.call_later(TICK, self._tick)
+
+    def clear(self, expiry: _Expiry) -> None:
+        """``expiry`` is not due any more (its request is answered)."""
+        expiries = self._slots.get(expiry.slot)
+        if expiries is not None:
+            expiries.discard(expiry)
+
+    def _tick(self) -> None:
+        now = int(time.monotonic() / TICK)
+        while self._due and self._due[0] <= now:
+            for expiry in self._slots.pop(heapq.heappop(self._due)):
+                expiry.due(self)
+        self._timer = self.loop.call_later(TICK, self._tick) if self._due and self.loop is not None else None
 
 
 class _Pace:
@@ -144,6 +186,7 @@ class AsyncLifecycle:
         self.models = concurrent.futures.ThreadPoolExecutor(settings.threads, "model")
         self._helpers = concurrent.futures.ThreadPoolExecutor(HELPER_THREADS, "helper")
         self._paces: dict[int, _Pace] = {}
+        self._deadlines = _Deadlines()
         #: Calls handed to the model threads and not finished (changed under the lock, from either side).
         self._busy = 0
         self._busy_lock = threading.Lock()
@@ -194,14 +237,20 @@ class AsyncLifecycle:
         return status, headers, body
 
     async def _bounded(self, request: Request, target: Target, read: Reader, framing: Framing | None) -> Reply:
-        """The invocation under one timer: the body's deadline (``--read-timeout``, within ``--timeout``: 408), then
-        the whole's (``--timeout``: 504). When it fires it cancels the request's task (what is awaited then is
+        """The invocation under one deadline: the body's (``--read-timeout``, within ``--timeout``: 408), then the
+        whole's (``--timeout``: 504). When it is due it cancels the request's task (what is awaited then is
         dropped: work still waiting for a model thread never runs), and the request is answered at once."""
         start = time.monotonic()
         timeout = self._timeout
         read_timeout = min(timeout, self.settings.read_timeout) if timeout else self.settings.read_timeout
-        expiry = _Expiry(start + timeout if timeout else None)
-        timer = asyncio.get_running_loop().call_later(read_timeout, expiry.fire)
+        loop = _loop.running()  # (the front's, adopted: asking asyncio for the running loop costs a system call)
+        task = asyncio.current_task(loop) if loop is not None else None
+        if task is None:  # (not the adopted loop)
+            loop = asyncio.get_running_loop()
+            task = asyncio.current_task(loop)
+        expiry = _Expiry(start + timeout if timeout else None, task)
+        deadlines = self._deadlines
+        deadlines.set(expiry, start + read_timeout, loop)
         work = _Work()
         try:
             body = await read(target.pipeline.max_body)
@@ -212,9 +261,7 @@ class AsyncLifecycle:
                 raise
             expiry.forget()
         finally:
-            timer.cancel()
-            if expiry.timer is not None:
-                expiry.timer.cancel()
+            deadlines.clear(expiry)
         if expiry.fired == _deadlines.READING:
             raise RequestTimeout(f"the request body did not arrive within {read_timeout} s")
         if work.call is not None:  # the batcher leaves it out of its groups, or it is running in one

@@ -14,12 +14,12 @@ import io
 import logging
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 from inference_server import _logging, _loop, codecs
 from inference_server.errors import BadRequest, HTTPError, LengthRequired, PayloadTooLarge, RequestTimeout
-from inference_server.wsgi._app import App, answered, request_id_of
+from inference_server.wsgi._app import HEAD_BYTES, App, answered, request_id_of
 from inference_server.wsgi._async import AsyncLifecycle, Chunks
 from inference_server.wsgi._body import _RAISE, _USE_CONTENT_LENGTH, BODY_BYTES, declared_length
 from inference_server.wsgi._invoke import StreamFailed
@@ -82,8 +82,9 @@ def environ_of(
     server: tuple[str, str],
     headers: Iterable[tuple[str, str]],
 ) -> WSGIEnvironment:
-    """The request as a WSGI environ (what the app's checks and protocols read), its headers last as granian's
-    WSGI interface has them, repeated ones joined with commas."""
+    """The request as a WSGI environ (what the app's checks and protocols read; the bridge adds the rest of PEP
+    3333's keys), its headers last as granian's WSGI interface has them, repeated ones joined with commas; the size
+    of its head as a client writes it under :data:`HEAD_BYTES` (what ``--max-header-bytes`` bounds)."""
     environ: dict[str, Any] = {
         "REQUEST_METHOD": method,
         "SCRIPT_NAME": "",
@@ -95,20 +96,29 @@ def environ_of(
         "REMOTE_ADDR": client[0],
         "REMOTE_PORT": client[1],
         "wsgi.url_scheme": scheme,
-        "wsgi.version": (1, 0),
-        "wsgi.errors": sys.stderr,
-        "wsgi.multithread": True,
-        "wsgi.multiprocess": True,
-        "wsgi.run_once": False,
-        "wsgi.input": None,  # (set by the bridge: here, so that the headers stay last)
+        HEAD_BYTES: 0,
     }
+    # "METHOD target HTTP/x.y" CRLF, each "Name: value" CRLF, and the empty line's CRLF
+    size = len(method) + len(path) + (len(query) + 1 if query else 0) + len(http_version) + 11
     for name, value in headers:
+        size += len(name) + len(value) + 4
         key = name.upper().replace("-", "_")
         if key not in ("CONTENT_TYPE", "CONTENT_LENGTH"):
             key = "HTTP_" + key
         previous = environ.get(key)
         environ[key] = value if previous is None else f"{previous},{value}"
+    environ[HEAD_BYTES] = size
     return environ
+
+
+#: What a WSGI app is handed besides the request (PEP 3333).
+_WSGI = {
+    "wsgi.version": (1, 0),
+    "wsgi.errors": sys.stderr,
+    "wsgi.multithread": True,
+    "wsgi.multiprocess": True,
+    "wsgi.run_once": False,
+}
 
 
 class Front:
@@ -127,15 +137,14 @@ class Front:
     def close(self) -> None:
         self._bridge.shutdown(wait=False)
 
-    async def serve(self, exchange: Exchange) -> None:
-        """Answer one request."""
+    def serve(self, exchange: Exchange) -> Awaitable[None]:
+        """Answer one request (what the front awaits: one coroutine less on every request)."""
         if not _loop.on_loop():
             _loop.adopt(asyncio.get_running_loop())
         environ = exchange.environ
         if environ["REQUEST_METHOD"] == "POST" and environ["PATH_INFO"] == "/invocations":
-            await self._invocation(exchange)
-        else:
-            await self._bridged(exchange)
+            return self._invocation(exchange)
+        return self._bridged(exchange)
 
     async def _invocation(self, exchange: Exchange) -> None:
         """``POST /invocations`` on the loop: the app's checks and edge, the lifecycle on the loop."""
@@ -162,12 +171,13 @@ class Front:
             if span is not None:
                 span.detach()
             if app.edge:
-                record = app.record(environ, "POST", status, headers, started)
-                app.finish((*record[:5], record[5] or sent, record[6]), environ, request_id, span)
+                record = app.record(environ, "POST", status, headers, started, sent or None)
+                app.finish(record, environ, request_id, span)
 
     async def _bridged(self, exchange: Exchange) -> None:
         """A route of the WSGI app, called on a bridge thread once its body is read here."""
         environ = exchange.environ
+        environ.update(_WSGI)
         environ["wsgi.input"] = await self._body_for_bridge(exchange)
         loop = asyncio.get_running_loop()
         reply: list[Any] = []
