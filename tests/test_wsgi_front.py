@@ -1,9 +1,10 @@
 """The event-loop fronts (``--granian-interface asgi`` and ``rsgi``) on real servers: every hook may be ``async
 def``, async predictions overlap on one model thread, the 504 comes at the deadline while a sync hook still runs (its
 slot given back when it returns, its worker replaced when it is stuck), a request still waiting for the model at its
-deadline never reaches it, and stalled bodies are answered 408 without holding threads, over HTTP/1.1 and HTTP/2.
-On ASGI, a chunked body is verified (cut short: 400; whole: served under a body limit), a stream that fails mid-way
-is cut short, and a header that is not UTF-8 reaches the app's checks."""
+deadline never reaches it, micro-batched requests wait for their groups on the loop (no thread each; dropped unrun
+at their deadline), and stalled bodies are answered 408 without holding threads, over HTTP/1.1 and HTTP/2. On ASGI,
+a chunked body is verified (cut short: 400; whole: served under a body limit), a stream that fails mid-way is cut
+short, and a header that is not UTF-8 reaches the app's checks."""
 
 from __future__ import annotations
 
@@ -233,6 +234,67 @@ def test_stalled_bodies_are_answered_408_without_holding_threads(front: tuple[st
             sock.close()
     assert _threads(worker) <= idle + 2
     assert server.request("POST", "/invocations", b"fine").body == b"fine"
+
+
+#: A sync model that takes 0.3 s a call and answers each row with the size of the group it ran in.
+GROUPED = """
+    import time
+
+    import inference_server
+
+    @inference_server.plugin_hook
+    def predict_fn(data, model):
+        time.sleep(0.3)
+        return [[len(data), row[0]] for row in data]
+"""
+
+
+def test_micro_batched_requests_wait_on_the_loop(front: tuple[str, ...], plugin_site: Any, servers: Any) -> None:
+    """64 requests to a micro-batching model (--max-batch-size 32, --threads 1) wait for their groups on the loop:
+    the worker's thread count stays that of an idle worker plus its model thread while they wait, they share calls,
+    and each gets its own rows back."""
+    plugin_site.add("grouped", GROUPED)
+    server = servers.start(*front, "--max-batch-size", "32", "--threads", "1", "--metrics")
+    [worker] = server.workers()
+    idle = _threads(worker)
+    with concurrent.futures.ThreadPoolExecutor(64) as pool:
+        answers = [pool.submit(_post, server, [[i, i]]) for i in range(64)]
+        server.wait_in_flight(40)
+        assert _threads(worker) <= idle + 2
+        rows = [orjson.loads(answer.result().body) for answer in answers]
+    assert [row[0][1] for row in rows] == list(range(64))
+    assert max(row[0][0] for row in rows) > 1
+
+
+def test_a_micro_batched_request_past_its_deadline_never_runs(
+    front: tuple[str, ...], plugin_site: Any, servers: Any, tmp_path: Path
+) -> None:
+    """--timeout 1, one model thread busy for 2.5 s: requests queued for a group are answered 504 at their deadline
+    ("waiting for the model"), leave the queue, and never reach predict_fn."""
+    calls = tmp_path / "calls"
+    plugin_site.add("logged", f"""
+        import time
+
+        import inference_server
+
+        @inference_server.plugin_hook
+        def predict_fn(data, model):
+            with open({str(calls)!r}, "a") as log:
+                log.write(f"{{len(data)}}\\n")
+            time.sleep(data[0][1])
+            return data
+    """)  # fmt: skip
+    server = servers.start(*front, "--max-batch-size", "2", "--threads", "1", "--timeout", "1")
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        busy = pool.submit(_post, server, [[0, 2.5]])
+        wait_until(calls.exists, 10, "the busy call did not begin")
+        queued = [pool.submit(_post, server, [[i, 0]]) for i in (1, 2)]
+        for answer in queued:
+            assert answer.result().status == 504
+            assert "waiting for the model" in orjson.loads(answer.result().body)["message"]
+        assert busy.result().status == 504
+    wait_until(lambda: _post(server, [[3, 0]]).status == 200, 10, "no request was served once the model was free")
+    assert calls.read_text().split() == ["1", "1"]  # the busy call and the last: the queued ones never ran
 
 
 def _h2_frame(kind: int, flags: int, stream: int, payload: bytes) -> bytes:

@@ -303,13 +303,15 @@ class Pipeline:
         model: Any,
         on_thread: OnThread,
         framing: Framing | None = None,
+        predict: Callable[[Any], Awaitable[Any]] | None = None,
     ) -> Output:
-        """:meth:`invoke` on the event loop, for a pipeline with an ``async def`` hook (:attr:`asynchronous`): async
-        hooks awaited on the loop, the built-in hooks called there, a plugin's sync hooks run by ``on_thread`` (a
-        model thread). A streamed answer's first chunk is made now, the rest left in :attr:`Output.stream`. The
-        hooks run in a copy of the caller's context, as with :meth:`invoke`."""
+        """:meth:`invoke` on the event loop, for a pipeline with an ``async def`` hook (:attr:`asynchronous`) or a
+        micro-batched one (``predict``: a batcher's, awaited in place of ``predict_fn``): async hooks awaited on the
+        loop, the built-in hooks called there, a plugin's sync hooks run by ``on_thread`` (a model thread). A
+        streamed answer's first chunk is made now, the rest left in :attr:`Output.stream`. The hooks run in a copy
+        of the caller's context, as with :meth:`invoke`."""
         output, context = await asyncio.ensure_future(  # (a task: its context is a copy of the caller's)
-            self._ainvoke(body, content_type, accept, model, on_thread, framing)
+            self._ainvoke(body, content_type, accept, model, on_thread, framing, predict)
         )
         if output.stream is None:
             return output
@@ -333,6 +335,7 @@ class Pipeline:
         model: Any,
         on_thread: OnThread,
         framing: Framing | None,
+        predict: Callable[[Any], Awaitable[Any]] | None,
     ) -> tuple[Output, contextvars.Context]:
         default_plugin.current.set((self._defaults, content_type))
         hooks = _HOOKS if framing is None else framing.stages
@@ -349,7 +352,10 @@ class Pipeline:
             hook = "predict_fn"
             decoded = time.perf_counter()
             with tracing.stage(hook) if tracing is not None else _NO_SPAN:
-                prediction = await stages["predict_fn"].run(on_thread, data, model)
+                if predict is None:
+                    prediction = await stages["predict_fn"].run(on_thread, data, model)
+                else:
+                    prediction = await predict(data)
                 if isinstance(prediction, _loop.Items):
                     await prediction.prefetch()  # the first record, which output_fn may look at on the loop
             hook = hooks[2]

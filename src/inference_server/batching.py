@@ -33,6 +33,9 @@ group holds at most ``max_batch_size`` requests; ``slots`` groups run at once (`
 
 Each waiting request's thread waits on an event of its own: an arrival wakes the one thread that forms the next
 group, not every waiting one, and the requests of a group that ended go on without taking the batcher's lock.
+On an event-loop front (:meth:`Batcher.apredict`) a request waits on the loop instead, holding no thread: the loop
+forms the groups by the same rules (looking again when the oldest should go) and runs each on a model thread; a
+request cancelled at its deadline takes its input out of the queue. Requests of both kinds share one queue.
 
 **Errors stay per request.** When ``predict_fn`` raises for a group of several, each input of the group is run
 again alone, so only the inputs that fail get an error (the cost: one more call per input of a failed group). A
@@ -51,9 +54,12 @@ unrun.
 from __future__ import annotations
 
 import _thread
+import asyncio
 import collections
+import concurrent.futures
 import contextvars
 import dataclasses
+import functools
 import itertools
 import logging
 import statistics
@@ -146,6 +152,20 @@ def _poke(poke: _thread.LockType) -> None:
         poke.release()
 
 
+def _done(item: _Input) -> None:
+    """Tell ``item``'s request that it is done (its thread, or the event loop it waits on); with the lock held."""
+    if item.wake is not None:
+        item.wake()
+    else:
+        _poke(item.poke)
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    """On the loop: an input waited for there is done."""
+    if not future.done():  # (cancelled: its request was answered already)
+        future.set_result(None)
+
+
 class _Input:
     """One request's input in the queue, and what became of it."""
 
@@ -156,6 +176,7 @@ class _Input:
         "done",
         "ended",
         "error",
+        "holder",
         "key",
         "model",
         "poke",
@@ -163,6 +184,7 @@ class _Input:
         "result",
         "since",
         "waiting",
+        "wake",
     )
 
     def __init__(self, data: Any, model: Any, key: object, call: Call | None) -> None:
@@ -176,6 +198,11 @@ class _Input:
         self.poke.acquire()
         #: Its thread is waiting for ``poke`` (not running a group of other inputs).
         self.waiting = False
+        #: For a request waiting on the event loop (:meth:`Batcher.apredict`), not on a thread: what tells the loop
+        #: that the input is done (from any thread).
+        self.wake: Callable[[], None] | None = None
+        #: What is told the future of the group it runs in, as its ``future`` (:meth:`Batcher.apredict`).
+        self.holder: Any = None
         #: The request's context (a copy: another thread may run this input's prediction).
         self.context = contextvars.copy_context()
         self.since = time.monotonic()
@@ -233,6 +260,12 @@ class Batcher:
         self._per_request = 0.0
         self._learnt = False
         self._told_alone = False
+        #: For requests on an event loop (:meth:`apredict`): the loop, what runs a group on a model thread, whether
+        #: the loop was asked to form groups and not done so yet, and its timer to look again.
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._spawn: Callable[[Callable[[], None]], concurrent.futures.Future[None]] | None = None
+        self._kicked = False
+        self._later: asyncio.TimerHandle | None = None
 
     @classmethod
     def for_hooks(
@@ -280,6 +313,54 @@ class Batcher:
         :class:`Cancelled` when the request was answered while it waited. ``coming``: the request said
         :meth:`coming` before ``input_fn``.
         """
+        item = self._input(data, model, call)
+        with self._lock:
+            self._admit(item, coming)
+        while True:
+            group = self._wait(item)
+            if group is None:
+                break
+            self._run_and_end(group)
+        return self._answer(item)
+
+    async def apredict(
+        self,
+        data: Any,
+        model: Any,
+        call: Call | None,
+        spawn: Callable[[Callable[[], None]], concurrent.futures.Future[None]],
+        *,
+        coming: bool,
+        holder: Any = None,
+    ) -> Any:
+        """:meth:`predict` for a request on an event loop: it waits there (no thread of its own), the groups are
+        formed there and run by ``spawn`` (which runs a function on a model thread and gives its future; ``holder``,
+        if any, is given the future of the group its input runs in as its ``future``). The request's task cancelled
+        while its input is queued (its deadline) takes the input out of the queue."""
+        loop = asyncio.get_running_loop()
+        self._spawn, self._loop = spawn, loop
+        item = self._input(data, model, call)
+        item.holder = holder
+        future: asyncio.Future[None] = loop.create_future()
+
+        def wake() -> None:
+            loop.call_soon_threadsafe(_resolve, future)
+
+        item.wake = wake
+        with self._lock:
+            self._admit(item, coming)
+        try:
+            await future
+        except asyncio.CancelledError:
+            with self._lock:
+                if item.queued:
+                    self._queue.remove(item)
+                    item.queued = False
+                    self._wake_head()
+            raise
+        return self._answer(item)
+
+    def _input(self, data: Any, model: Any, call: Call | None) -> _Input:
         item = _Input(data, model, self._key(data, model), call)
         if item.key is None and not self._told_alone:
             self._told_alone = True  # once per worker: a hint, not a complaint per request
@@ -288,43 +369,48 @@ class Batcher:
                 "with other requests' inputs; a plugin's predict_batch_fn can take any inputs as a group",
                 type(data).__name__,
             )
-        with self._lock:
-            if coming:
-                self._coming -= 1
-            elif self._owed:
-                self._owed -= 1
-            if len(self._queue) >= self.options.max_queue:
-                self._wake_head()
-                raise ServiceUnavailable(
-                    f"the model's queue is full ({self.options.max_queue} requests waiting); send the request "
-                    f"again in {RETRY_AFTER} s",
-                    headers=[("Retry-After", str(RETRY_AFTER))],
-                )
-            if call is not None:
-                call.enter(WAITING)
-            if self._arrived:
-                self._gaps.append(item.since - self._arrived)
-            self._arrived = item.since
-            self._queue.append(item)
+        return item
+
+    def _admit(self, item: _Input, coming: bool) -> None:
+        """Queue ``item`` (or refuse it: the queue is full); with the lock held."""
+        if coming:
+            self._coming -= 1
+        elif self._owed:
+            self._owed -= 1
+        if len(self._queue) >= self.options.max_queue:
             self._wake_head()
-        while True:
-            group = self._wait(item)
-            if group is None:
-                break
-            started = time.monotonic()
-            try:
-                self._run(group)
-            finally:
-                with self._lock:
-                    self._free += 1
-                    self._freed = now = time.monotonic()
-                    self._calls.append((len(group), now - started))
-                    self._learnt = False
-                    self._owed = min(self._owed + len(group), self.options.max_queue)
-                    self._wake_head()
-                    for member in group:
-                        member.done, member.ended = True, now
-                        _poke(member.poke)
+            raise ServiceUnavailable(
+                f"the model's queue is full ({self.options.max_queue} requests waiting); send the request "
+                f"again in {RETRY_AFTER} s",
+                headers=[("Retry-After", str(RETRY_AFTER))],
+            )
+        if item.call is not None:
+            item.call.enter(WAITING)
+        if self._arrived:
+            self._gaps.append(item.since - self._arrived)
+        self._arrived = item.since
+        self._queue.append(item)
+        self._wake_head()
+
+    def _run_and_end(self, group: list[_Input]) -> None:
+        """Run ``group``, give its slot back and tell its inputs' requests (on any thread)."""
+        started = time.monotonic()
+        try:
+            self._run(group)
+        finally:
+            with self._lock:
+                self._free += 1
+                self._freed = now = time.monotonic()
+                self._calls.append((len(group), now - started))
+                self._learnt = False
+                self._owed = min(self._owed + len(group), self.options.max_queue)
+                self._wake_head()
+                for member in group:
+                    member.done, member.ended = True, now
+                    _done(member)
+
+    def _answer(self, item: _Input) -> Any:
+        """A done input's prediction (or its error, raised)."""
         if item.ended:  # the input of a group: how long after the last one it went on (see _turnaround)
             now = time.monotonic()
             if self._left > item.ended:
@@ -333,6 +419,30 @@ class Batcher:
         if item.error is not None:
             raise item.error
         return item.result
+
+    def _schedule(self) -> None:
+        """On the event loop: form the groups that should go now from the queue and spawn them, or look again when
+        the oldest one should go."""
+        self._kicked = False
+        groups: list[list[_Input]] = []
+        wait = 0.0
+        with self._lock:
+            while self._free and self._queue:
+                group, wait = self._ready()
+                if not group:
+                    break
+                self._free -= 1
+                groups.append(group)
+        if wait and self._queue and self._loop is not None:
+            if self._later is not None:
+                self._later.cancel()
+            self._later = self._loop.call_later(wait, self._schedule)
+        for group in groups:
+            assert self._spawn is not None
+            future = self._spawn(functools.partial(self._run_and_end, group))
+            for member in group:
+                if member.holder is not None:
+                    member.holder.future = future
 
     def _wait(self, item: _Input) -> list[_Input] | None:
         """Wait until ``item`` is done (None) or this thread may run a group (taken from the queue, with a slot)."""
@@ -360,11 +470,17 @@ class Batcher:
 
     def _wake_head(self) -> None:
         """If a slot is free, wake the oldest input's thread that is waiting: it forms the next group (any queued
-        input's thread may; the oldest's is most likely idle). Call with the lock held."""
+        input's thread may; the oldest's is most likely idle); or, when the oldest such input waits on the event
+        loop, ask the loop to form it. Call with the lock held."""
         if self._free:
             for item in self._queue:
                 if item.waiting:
                     _poke(item.poke)
+                    return
+                if item.wake is not None:
+                    if not self._kicked and self._loop is not None:
+                        self._kicked = True
+                        self._loop.call_soon_threadsafe(self._schedule)
                     return
 
     def _ready(self) -> tuple[list[_Input], float]:
@@ -373,7 +489,7 @@ class Batcher:
         while queue and queue[0].answered:  # its request had its answer (a timeout): never run it
             dropped = queue.popleft()
             dropped.queued, dropped.done, dropped.error = False, True, Cancelled()
-            _poke(dropped.poke)
+            _done(dropped)
         if not queue:
             return [], _POLL
         head = queue[0]

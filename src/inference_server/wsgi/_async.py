@@ -14,6 +14,8 @@ and the other protocols, and this one shares its settings, worker state and work
 - **Sync hooks** run on the model threads (``--threads`` of them, one by default: two sync model calls never
   overlap), all three of an invocation in one hand-off; **async hooks** run on the loop
   (:meth:`Pipeline.ainvoke`).
+- **Micro-batched requests** wait for their groups on the loop (:meth:`Batcher.apredict
+  <inference_server.batching.Batcher.apredict>`): the groups are formed there and run on the model threads.
 - **Streams**: a sync generator's chunks are made one at a time on the model threads; an async generator's records
   are awaited on the loop and their chunks made there, so a stream costs no thread while it waits. Closing the
   answer (the last chunk sent, or the client gone) closes the generator: its ``finally`` runs.
@@ -35,7 +37,7 @@ from typing import Any, TypeVar
 from inference_server import _deadlines, _loop, codecs
 from inference_server._pipeline import Framing, Output, Stream
 from inference_server.errors import GatewayTimeout, HookError, RequestTimeout, ServiceUnavailable
-from inference_server.wsgi._invoke import RECYCLE_GRACE, Lifecycle, StreamFailed, Target, _batched
+from inference_server.wsgi._invoke import RECYCLE_GRACE, Lifecycle, StreamFailed, Target
 from inference_server.wsgi._replies import Headers, Request
 
 logger = logging.getLogger("inference_server")
@@ -43,7 +45,7 @@ logger = logging.getLogger("inference_server")
 _T = TypeVar("_T")
 
 #: Threads that wait on behalf of requests for what is not on the loop yet: a model loading on a multi-model
-#: endpoint, a micro-batch's group. Started only when needed.
+#: endpoint. Started only when needed.
 HELPER_THREADS = 1024
 
 #: A sync invocation this quick (seconds, on a model thread) counts towards running the model's calls inline on the
@@ -211,6 +213,14 @@ class AsyncLifecycle:
             work.stage = _deadlines.RUNNING
         return function(*args)
 
+    def _spawn(self, function: Callable[[], None]) -> concurrent.futures.Future[None]:
+        """On the loop: ``function()`` on a model thread, not waited for here (a micro-batch's group)."""
+        with self._busy_lock:
+            self._busy += 1
+        future = self.models.submit(function)
+        future.add_done_callback(self._finished)
+        return future
+
     def _finished(self, future: concurrent.futures.Future[Any]) -> None:
         with self._busy_lock:
             self._busy -= 1
@@ -299,13 +309,25 @@ class AsyncLifecycle:
         content_type = environ.get("CONTENT_TYPE") or (self.lifecycle.no_content_type() if framing is None else "")
         accept = environ.get("HTTP_ACCEPT") or "*/*"
         output: Output
-        if target.batcher is not None:  # the batcher groups requests that wait on threads of their own
-            batcher, context = target.batcher, contextvars.copy_context()
+        if target.batcher is not None:  # the batcher groups requests waiting here, and runs groups on model threads
+            batcher = target.batcher
             work.call = call = _deadlines.Call()
             call.stage = _deadlines.WAITING
-            batched = functools.partial(_batched, pipeline, batcher, body, content_type, accept, model, call, framing)
-            work.future = future = self._helpers.submit(context.run, batched)
-            output = await asyncio.wrap_future(future)
+            batcher.coming()
+            sent = False
+
+            async def predict(data: Any) -> Any:
+                nonlocal sent
+                sent = True
+                return await batcher.apredict(data, model, call, self._spawn, coming=True, holder=work)
+
+            try:
+                output = await pipeline.ainvoke(
+                    body, content_type, accept, model, self._on_thread(work), framing, predict
+                )
+            finally:
+                if not sent:
+                    batcher.gone()
         elif pipeline.asynchronous:
             output = await pipeline.ainvoke(body, content_type, accept, model, self._on_thread(work), framing)
         else:
