@@ -16,14 +16,15 @@ The event-loop ceiling (``loop``, see ``LOOP``) is not a server: a few lines of 
 with our ``.npy`` codec and no deadlines, metrics or logs, measuring what the worker's time per request could be
 without a thread per request.
 
-``ours-asgi`` is ours on granian's ASGI interface (``INFERENCE_SERVER_GRANIAN_INTERFACE=asgi``: ``/invocations`` on
-the worker's event loop), the same flags as ours; it is held to issue 39's targets: >= 0.6x the model's capacity at
-32 clients and >= 0.85x at 128, server CPU per request <= 1.3x the event-loop ceiling's, and its 1-client p50 and p99
-beside ours' on granian's WSGI interface (recorded as ratios, no target: the same run's noise decides them).
+``ours-asgi`` and ``ours-rsgi`` are ours on granian's ASGI and RSGI interfaces
+(``INFERENCE_SERVER_GRANIAN_INTERFACE``: ``/invocations`` on the worker's event loop), the same flags as ours; each
+is held to issue 39's targets: >= 0.6x the model's capacity at 32 clients and >= 0.85x at 128, server CPU per request
+<= 1.3x the event-loop ceiling's, and its 1-client p50 and p99 beside ours' on granian's WSGI interface (recorded as
+ratios, no target: the same run's noise decides them).
 
 BentoML and MLServer run from PyPI, each in its own virtualenv (``_peers.py``, made on first use).
 Run: ``.venv/bin/python benchmarks/batching.py`` (about 25 minutes; ``--quick``: one short round, fewer cases;
-``--contenders ours,ours-asgi,loop``: only those).
+``--contenders ours,ours-asgi,ours-rsgi,loop``: only those).
 """
 
 from __future__ import annotations
@@ -55,13 +56,16 @@ MLSERVER_BATCH_TIME = 0.005
 MODEL = "bench"
 #: Every contender: batching off, ours (on granian's WSGI and ASGI interfaces), BentoML, MLServer, and the event-loop
 #: ceiling (``LOOP``).
-NAMES = ("off", "ours", "ours-asgi", "bentoml", "mlserver", "loop")
+NAMES = ("off", "ours", "ours-asgi", "ours-rsgi", "bentoml", "mlserver", "loop")
+#: Ours on the event-loop fronts (issue 39's targets).
+FRONTS = ("ours-asgi", "ours-rsgi")
 #: Ours' contenders, and what the tables call each contender.
-MINE = ("ours", "ours-asgi")
+MINE = ("ours", *FRONTS)
 TITLES = {
     "off": "off",
     "ours": "ours",
     "ours-asgi": "ours asgi",
+    "ours-rsgi": "ours rsgi",
     "bentoml": "BentoML",
     "mlserver": "MLServer",
     "loop": "loop ceiling",
@@ -305,8 +309,8 @@ def contender(
     command += ["--workers", str(workers)]
     if name in MINE:
         command += ["--max-batch-size", str(MAX_BATCH)]
-    if name == "ours-asgi":
-        env["INFERENCE_SERVER_GRANIAN_INTERFACE"] = "asgi"
+    if name in FRONTS:
+        env["INFERENCE_SERVER_GRANIAN_INTERFACE"] = name.split("-")[1]
     with h.running(name, command, port, env) as server:
         yield f"http://127.0.0.1:{port}/invocations", NPY, f"--workers {workers}", server
 
@@ -314,7 +318,7 @@ def contender(
 def capacity_target(name: str, clients: int) -> str | None:
     """The target of ours' contender ``name`` against the model's capacity at ``clients``: issue 39's for the
     event-loop front, the earlier 0.8x at 32 clients for ours on granian's WSGI interface."""
-    if name == "ours-asgi":
+    if name in FRONTS:
         return {32: ">= 0.6x", 128: ">= 0.85x"}.get(clients)
     return ">= 0.8x" if name == "ours" and clients == 32 else None
 
@@ -431,18 +435,22 @@ def main() -> None:
                 for name in (*ours_names, "loop"):
                     if name in names:
                         run.compare(case, TITLES[name], "model capacity", target=capacity_target(name, clients))
-                if "ours-asgi" in names:
+                fronts = [front for front in FRONTS if front in names]
+                if fronts:
                     cpu = f"{case}: server CPU per request"
                     values = {TITLES[name]: cells[name][4] for name in names}
                     run.group(cpu, "us", "lower", values, ours_titles, chart=False)
-                    if "loop" in names:  # issue 39: <= 1.3x the event-loop ceiling's
-                        run.compare(cpu, TITLES["ours-asgi"], TITLES["loop"], target="<= 1.3x")
-                    if clients == 1 and "ours" in names:  # issue 39: no worse than today's at 1 client
+                    if clients == 1 and "ours" in names:
+                        latencies = {figure: f"{case}: {figure}" for figure in ("p50", "p99")}
                         for i, figure in ((1, "p50"), (2, "p99")):
-                            latency = f"{case}: {figure}"
                             values = {TITLES[name]: cells[name][i] for name in names}
-                            run.group(latency, "ms", "lower", values, ours_titles, chart=False)
-                            run.compare(latency, TITLES["ours-asgi"], TITLES["ours"])
+                            run.group(latencies[figure], "ms", "lower", values, ours_titles, chart=False)
+                for front in fronts:
+                    if "loop" in names:  # issue 39: <= 1.3x the event-loop ceiling's
+                        run.compare(cpu, TITLES[front], TITLES["loop"], target="<= 1.3x")
+                    if clients == 1 and "ours" in names:  # issue 39: no worse than today's at 1 client
+                        for latency in latencies.values():
+                            run.compare(latency, TITLES[front], TITLES["ours"])
     setup = f"model: 5 ms per call + 20 us per row; (1, 16) float32 requests; wrk; {rounds} round(s) of {seconds} s"
     run.write(args.results, "Micro-batching (batching.py)", setup, "; ".join(peers) or None)
 

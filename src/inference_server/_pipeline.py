@@ -304,13 +304,15 @@ class Pipeline:
         on_thread: OnThread,
         framing: Framing | None = None,
         predict: Callable[[Any], Awaitable[Any]] | None = None,
+        loop: asyncio.AbstractEventLoop | None = None,
     ) -> Output:
         """:meth:`invoke` on the event loop, for a pipeline with an ``async def`` hook (:attr:`asynchronous`) or a
         micro-batched one (``predict``: a batcher's, awaited in place of ``predict_fn``): async hooks awaited on the
         loop, the built-in hooks called there, a plugin's sync hooks run by ``on_thread`` (a model thread). A
         streamed answer's first chunk is made now, the rest left in :attr:`Output.stream`. The hooks run in a copy
-        of the caller's context, as with :meth:`invoke`."""
-        output, context = await asyncio.ensure_future(  # (a task: its context is a copy of the caller's)
+        of the caller's context, as with :meth:`invoke`. ``loop``: the running loop, when the caller knows it."""
+        loop = loop or asyncio.get_running_loop()
+        output, context = await loop.create_task(  # (a task: its context is a copy of the caller's)
             self._ainvoke(body, content_type, accept, model, on_thread, framing, predict)
         )
         if output.stream is None:

@@ -152,18 +152,11 @@ def _poke(poke: _thread.LockType) -> None:
         poke.release()
 
 
-def _done(item: _Input) -> None:
-    """Tell ``item``'s request that it is done (its thread, or the event loop it waits on); with the lock held."""
-    if item.wake is not None:
-        item.wake()
-    else:
-        _poke(item.poke)
-
-
-def _resolve(future: asyncio.Future[None]) -> None:
-    """On the loop: an input waited for there is done."""
-    if not future.done():  # (cancelled: its request was answered already)
-        future.set_result(None)
+def _resolve(futures: list[asyncio.Future[None]]) -> None:
+    """On the loop: inputs waited for there are done."""
+    for future in futures:
+        if not future.done():  # (cancelled: its request was answered already)
+            future.set_result(None)
 
 
 class _Input:
@@ -176,6 +169,7 @@ class _Input:
         "done",
         "ended",
         "error",
+        "future",
         "holder",
         "key",
         "model",
@@ -184,7 +178,6 @@ class _Input:
         "result",
         "since",
         "waiting",
-        "wake",
     )
 
     def __init__(self, data: Any, model: Any, key: object, call: Call | None) -> None:
@@ -198,9 +191,9 @@ class _Input:
         self.poke.acquire()
         #: Its thread is waiting for ``poke`` (not running a group of other inputs).
         self.waiting = False
-        #: For a request waiting on the event loop (:meth:`Batcher.apredict`), not on a thread: what tells the loop
-        #: that the input is done (from any thread).
-        self.wake: Callable[[], None] | None = None
+        #: For a request waiting on the event loop (:meth:`Batcher.apredict`), not on a thread: the loop's future
+        #: it awaits, resolved there once the input is done.
+        self.future: asyncio.Future[None] | None = None
         #: What is told the future of the group it runs in, as its ``future`` (:meth:`Batcher.apredict`).
         self.holder: Any = None
         #: The request's context (a copy: another thread may run this input's prediction).
@@ -332,21 +325,18 @@ class Batcher:
         *,
         coming: bool,
         holder: Any = None,
+        loop: asyncio.AbstractEventLoop | None = None,
     ) -> Any:
         """:meth:`predict` for a request on an event loop: it waits there (no thread of its own), the groups are
         formed there and run by ``spawn`` (which runs a function on a model thread and gives its future; ``holder``,
         if any, is given the future of the group its input runs in as its ``future``). The request's task cancelled
-        while its input is queued (its deadline) takes the input out of the queue."""
-        loop = asyncio.get_running_loop()
+        while its input is queued (its deadline) takes the input out of the queue. ``loop``: the running loop, when
+        the caller knows it."""
+        loop = loop or asyncio.get_running_loop()
         self._spawn, self._loop = spawn, loop
         item = self._input(data, model, call)
         item.holder = holder
-        future: asyncio.Future[None] = loop.create_future()
-
-        def wake() -> None:
-            loop.call_soon_threadsafe(_resolve, future)
-
-        item.wake = wake
+        item.future = future = loop.create_future()
         with self._lock:
             self._admit(item, coming)
         try:
@@ -405,9 +395,15 @@ class Batcher:
                 self._learnt = False
                 self._owed = min(self._owed + len(group), self.options.max_queue)
                 self._wake_head()
+                futures = []
                 for member in group:
                     member.done, member.ended = True, now
-                    _done(member)
+                    if member.future is not None:
+                        futures.append(member.future)
+                    else:
+                        _poke(member.poke)
+                if futures and self._loop is not None:  # (one wake-up of the loop for the group)
+                    self._loop.call_soon_threadsafe(_resolve, futures)
 
     def _answer(self, item: _Input) -> Any:
         """A done input's prediction (or its error, raised)."""
@@ -477,7 +473,7 @@ class Batcher:
                 if item.waiting:
                     _poke(item.poke)
                     return
-                if item.wake is not None:
+                if item.future is not None:
                     if not self._kicked and self._loop is not None:
                         self._kicked = True
                         self._loop.call_soon_threadsafe(self._schedule)
@@ -489,7 +485,10 @@ class Batcher:
         while queue and queue[0].answered:  # its request had its answer (a timeout): never run it
             dropped = queue.popleft()
             dropped.queued, dropped.done, dropped.error = False, True, Cancelled()
-            _done(dropped)
+            if dropped.future is not None and self._loop is not None:
+                self._loop.call_soon_threadsafe(_resolve, [dropped.future])
+            else:
+                _poke(dropped.poke)
         if not queue:
             return [], _POLL
         head = queue[0]

@@ -65,9 +65,11 @@ Reader = Callable[[int | None], Awaitable[bytearray | bytes]]
 class _Work:
     """What a request's work is doing now, for its deadline: its stage, and the model thread's future if any."""
 
-    __slots__ = ("call", "future", "stage")
+    __slots__ = ("call", "future", "loop", "stage")
 
-    def __init__(self) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        #: The loop the request runs on.
+        self.loop = loop
         self.stage = _deadlines.READING
         self.future: concurrent.futures.Future[Any] | None = None
         #: A micro-batched request's call, which the batcher watches (it never runs a cancelled one).
@@ -202,7 +204,7 @@ class AsyncLifecycle:
         if work is not None:
             work.future = future
         future.add_done_callback(self._finished)
-        result = await asyncio.wrap_future(future)
+        result = await asyncio.wrap_future(future, loop=work.loop if work is not None else None)
         _loop.carry(context)
         return result
 
@@ -261,7 +263,7 @@ class AsyncLifecycle:
         expiry = _Expiry(start + timeout if timeout else None, task)
         deadlines = self._deadlines
         deadlines.set(expiry, start + read_timeout, loop)
-        work = _Work()
+        work = _Work(loop)
         try:
             body = await read(target.pipeline.max_body)
             expiry.reading = False
@@ -319,17 +321,19 @@ class AsyncLifecycle:
             async def predict(data: Any) -> Any:
                 nonlocal sent
                 sent = True
-                return await batcher.apredict(data, model, call, self._spawn, coming=True, holder=work)
+                return await batcher.apredict(data, model, call, self._spawn, coming=True, holder=work, loop=work.loop)
 
             try:
                 output = await pipeline.ainvoke(
-                    body, content_type, accept, model, self._on_thread(work), framing, predict
+                    body, content_type, accept, model, self._on_thread(work), framing, predict, work.loop
                 )
             finally:
                 if not sent:
                     batcher.gone()
         elif pipeline.asynchronous:
-            output = await pipeline.ainvoke(body, content_type, accept, model, self._on_thread(work), framing)
+            output = await pipeline.ainvoke(
+                body, content_type, accept, model, self._on_thread(work), framing, loop=work.loop
+            )
         else:
             invoke = functools.partial(pipeline.invoke, body, content_type, accept, model, None, True, framing)
             pace = self._paces.get(id(model))
