@@ -188,6 +188,49 @@ def test_negotiate_prefers_configured_default_on_ties() -> None:
     )
 
 
+#: Predictions of every kind the codecs tell apart, for :func:`test_one_range_chooses_as_the_full_ranking_does`.
+PREDICTIONS = [
+    np.zeros(3, dtype="f4"),
+    np.array([["a", "b"]]),
+    np.array([{"a": 1}], dtype=object),
+    {"a": np.zeros(2)},
+    {"a": 1},
+    [[1.0, 2.0]],
+    [{"a": 1}],
+    "text",
+    b"bytes",
+    pa.table({"x": [1]}),
+    None,
+    object(),
+]
+
+
+@pytest.mark.parametrize(
+    "accept",
+    ["*/*", "", "application/json", "application/x-npy", "text/csv", "application/x-npz", "text/plain",
+     "application/jsonlines", "application/octet-stream", "application/vnd.apache.arrow.stream", "text/*",
+     "image/png", "application/json;q=0.3", "Application/JSON", "application/json;q=0"],
+)  # fmt: skip
+@pytest.mark.parametrize("default", [None, "application/json", "text/csv", "application/x-npy"])
+@pytest.mark.parametrize("request_type", [None, "application/json", "text/csv", "application/x-npy", "image/png"])
+def test_one_range_chooses_as_the_full_ranking_does(accept: str, default: str | None, request_type: str | None) -> None:
+    """An Accept of one range picks, without ranking every codec, the codec the full ranking picks (or the same
+    error), for every kind of prediction, default and request type."""
+    from inference_server.codecs import _registry
+
+    for obj in PREDICTIONS:
+        ranges = _registry._ranges(accept)
+        try:
+            expected: Any = _registry._ranked(ranges, accept, obj, default, request_type)
+        except Exception as exc:
+            expected = (type(exc), str(exc))
+        try:
+            chosen: Any = codecs.negotiate(accept, obj, default, request_type)
+        except Exception as exc:
+            chosen = (type(exc), str(exc))
+        assert chosen == expected, (accept, obj, default, request_type)
+
+
 def test_negotiate_accepts_werkzeug_mime_accept() -> None:
     """The ``accept`` argument of ``output_fn`` (werkzeug's MIMEAccept) negotiates like the header."""
     import werkzeug.http

@@ -287,6 +287,17 @@ def negotiate(
     listing what could be sent; nothing at all can encode ``obj``: :class:`EncodeError` (500) naming its type.
     """
     ranges = _ranges(accept)
+    if len(ranges) == 1 and ranges[0][2] > 0:  # one range (what clients send), so every match has the same q
+        found = _one_range(ranges[0], obj, default, request)
+        if found is not None:
+            return found
+    return _ranked(ranges, accept, obj, default, request)
+
+
+def _ranked(
+    ranges: Ranges, accept: str | Iterable[tuple[str, float]] | None, obj: Any, default: str | None, request: str | None
+) -> Codec:
+    """:func:`negotiate` by ranking every codec that can encode ``obj``."""
     candidates = [codec for codec in _codecs.values() if codec.available() and codec.can_encode(obj)]
     if not candidates:
         raise EncodeError(
@@ -311,6 +322,31 @@ def negotiate(
         hint = "".join(f"; {codec.media_type} needs {codec.install_hint()}" for codec in missing)
         raise NotAcceptable(f"cannot send a {type(obj).__name__} as {header!r}; it can be sent as: {offered}{hint}")
     return best
+
+
+def _one_range(accepted: tuple[str, str, float], obj: Any, default: str | None, request: str | None) -> Codec | None:
+    """:func:`negotiate`'s choice for an Accept of one range (q > 0), without ranking every codec; None where the
+    whole ranking must say (a wildcard of one type, or nothing fits: its error names what could be sent).
+
+    A media type names its codec; ``*/*`` takes the first that can encode ``obj`` of the request's, the default's,
+    then the natural ones and then any, in registration order: the ranking's order when every q is the same."""
+    range_type, range_subtype, _ = accepted
+    if range_type != "*":
+        media_type = f"{range_type}/{range_subtype}"
+        codec = _codecs.get(media_type)
+        usable = codec is not None and codec.media_type == media_type and codec.available() and codec.can_encode(obj)
+        return codec if usable else None
+    for preferred in (request, default):
+        codec = lookup(preferred) if preferred else None
+        if codec is not None and codec.available() and codec.can_encode(obj):
+            return codec
+    fallback = None
+    for codec in _codecs.values():
+        if codec.available() and codec.can_encode(obj):
+            if codec.natural_for(obj):
+                return codec
+            fallback = fallback or codec
+    return fallback
 
 
 def _header(accept: str | Iterable[tuple[str, float]] | None) -> str:
