@@ -3,6 +3,7 @@ clients checking every value of their own answer, and the batcher's rules in-pro
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import io
 import signal
@@ -367,6 +368,44 @@ def test_clients_that_do_not_come_back_are_waited_for_once() -> None:
     assert len(waits) == 1, batcher.kept_waiting  # the lone client's first input, not the next two
     assert 0 < waits[0] <= 0.2 + 0.05  # for the cheapest call at most (learnt: ~0.2 s), not the 2 s delay
     assert sizes[-3:] == [1, 1, 1]
+
+
+class _Escaped(BaseException):
+    """What a predict_fn may raise that is not an Exception (as ``SystemExit`` is)."""
+
+
+def test_on_the_loop_a_group_that_escapes_fails_each_of_its_requests() -> None:
+    """Inputs waiting on an event loop whose group's predict_fn raises a BaseException each get a HookError naming
+    predict_fn (not an answer of None), and the batcher's slot is given back for the next group."""
+    calls: list[int] = []
+
+    def predict(data: np.ndarray, model: Any) -> np.ndarray:
+        calls.append(len(data))
+        if len(calls) == 1:
+            raise _Escaped
+        return data + 1
+
+    batcher = batching.Batcher(batching.Options(max_batch_size=4, max_batch_delay=0.05, max_queue=8), predict)
+    threads = concurrent.futures.ThreadPoolExecutor(1)
+
+    async def main() -> list[Any]:
+        async def one(value: float) -> Any:
+            try:
+                return await batcher.apredict(np.full((1, 2), value), None, None, threads.submit, coming=False)
+            except Exception as exc:
+                return exc
+
+        first = await asyncio.gather(*(one(value) for value in range(3)))
+        return [*first, await one(9)]
+
+    try:
+        answers = asyncio.run(main())
+    finally:
+        threads.shutdown()
+    assert [type(answer).__name__ for answer in answers[:3]] == ["HookError"] * 3
+    assert all(answer.hook == "predict_fn" for answer in answers[:3])
+    np.testing.assert_array_equal(answers[3], [[10.0, 10.0]])
+    assert calls == [3, 1]
 
 
 @pytest.mark.parametrize(

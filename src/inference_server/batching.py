@@ -383,27 +383,39 @@ class Batcher:
         self._wake_head()
 
     def _run_and_end(self, group: list[_Input]) -> None:
-        """Run ``group``, give its slot back and tell its inputs' requests (on any thread)."""
+        """Run ``group``, give its slot back and tell its inputs' requests (on any thread). What escapes the run (not
+        a ``predict_fn`` error, which is its input's own: a ``BaseException``) fails the inputs left without an
+        answer, then goes on up."""
         started = time.monotonic()
         try:
             self._run(group)
+        except BaseException as exc:
+            failed = HookError("predict_fn", exc, f"predict_fn raised {type(exc).__name__} in a group")
+            for member in group:
+                if member.error is None and member.result is None:
+                    member.error = failed
+            raise
         finally:
-            with self._lock:
-                self._free += 1
-                self._freed = now = time.monotonic()
-                self._calls.append((len(group), now - started))
-                self._learnt = False
-                self._owed = min(self._owed + len(group), self.options.max_queue)
-                self._wake_head()
-                futures = []
-                for member in group:
-                    member.done, member.ended = True, now
-                    if member.future is not None:
-                        futures.append(member.future)
-                    else:
-                        _poke(member.poke)
-                if futures and self._loop is not None:  # (one wake-up of the loop for the group)
-                    self._loop.call_soon_threadsafe(_resolve, futures)
+            self._end(group, started)
+
+    def _end(self, group: list[_Input], started: float) -> None:
+        """``group`` ended: give its slot back, learn from it and tell its inputs' requests."""
+        with self._lock:
+            self._free += 1
+            self._freed = now = time.monotonic()
+            self._calls.append((len(group), now - started))
+            self._learnt = False
+            self._owed = min(self._owed + len(group), self.options.max_queue)
+            futures = []
+            for member in group:
+                member.done, member.ended = True, now
+                if member.future is not None:
+                    futures.append(member.future)
+                else:
+                    _poke(member.poke)
+            self._wake_head()
+            if futures and self._loop is not None:  # (one wake-up of the loop for the group)
+                self._loop.call_soon_threadsafe(_resolve, futures)
 
     def _answer(self, item: _Input) -> Any:
         """A done input's prediction (or its error, raised)."""
@@ -435,7 +447,13 @@ class Batcher:
             self._later = self._loop.call_later(wait, self._schedule)
         for group in groups:
             assert self._spawn is not None
-            future = self._spawn(functools.partial(self._run_and_end, group))
+            try:
+                future = self._spawn(functools.partial(self._run_and_end, group))
+            except RuntimeError:  # (the model threads are shut down: the worker is stopping)
+                for member in group:
+                    member.error = ServiceUnavailable("the server is shutting down; send the request again")
+                self._end(group, time.monotonic())
+                continue
             for member in group:
                 if member.holder is not None:
                     member.holder.future = future
@@ -475,8 +493,11 @@ class Batcher:
                     return
                 if item.future is not None:
                     if not self._kicked and self._loop is not None:
-                        self._kicked = True
-                        self._loop.call_soon_threadsafe(self._schedule)
+                        self._kicked = True  # (before the call: the loop may run _schedule, which resets it, at once)
+                        try:
+                            self._loop.call_soon_threadsafe(self._schedule)
+                        except RuntimeError:  # (the loop is closed)
+                            self._kicked = False
                     return
 
     def _ready(self) -> tuple[list[_Input], float]:
@@ -533,7 +554,15 @@ class Batcher:
         return (id(model), "any") if self._predict_batch is not None else None
 
     def _run(self, group: list[_Input]) -> None:
-        """Run one group's prediction and give each input its own result or error."""
+        """Run one group's prediction and give each input its own result or error; inputs whose requests were
+        answered while the group waited for a model thread (their deadline) are left out."""
+        if any(member.answered for member in group):
+            for member in group:
+                if member.answered:
+                    member.error = Cancelled()
+            group = [member for member in group if not member.answered and member.error is None]
+            if not group:
+                return
         for member in group:
             if member.call is not None:
                 member.call.stage = RUNNING

@@ -55,7 +55,7 @@ QUICK_STREAK = 32
 #: An inline call slower than this (seconds) sends the model's calls back to the model threads.
 SLOW = 0.005
 
-#: How often the requests' deadlines are checked (seconds): a 408 or a 504 is answered at most this late.
+#: How often the requests' deadlines are checked (seconds): a 408 or a 504 is answered at most about twice this late.
 TICK = 0.05
 
 #: What a front reads the body with: ``read(limit)`` gives the whole body, refusing one over ``limit`` bytes (413).
@@ -219,11 +219,22 @@ class AsyncLifecycle:
         """On the loop: ``function()`` on a model thread, not waited for here (a micro-batch's group)."""
         with self._busy_lock:
             self._busy += 1
-        future = self.models.submit(function)
-        future.add_done_callback(self._finished)
+        try:
+            future = self.models.submit(function)
+        except BaseException:
+            self._finished(None)
+            raise
+        future.add_done_callback(self._group_ended)
         return future
 
-    def _finished(self, future: concurrent.futures.Future[Any]) -> None:
+    def _group_ended(self, future: concurrent.futures.Future[Any]) -> None:
+        """A micro-batch's group ended on a model thread: what escaped it (not an input's own error) is logged."""
+        self._finished(future)
+        error = None if future.cancelled() else future.exception()
+        if error is not None:
+            logger.error("Micro-batching: a group failed: %s", error, exc_info=error)
+
+    def _finished(self, future: concurrent.futures.Future[Any] | None) -> None:
         with self._busy_lock:
             self._busy -= 1
 
@@ -255,7 +266,8 @@ class AsyncLifecycle:
         start = time.monotonic()
         timeout = self._timeout
         read_timeout = min(timeout, self.settings.read_timeout) if timeout else self.settings.read_timeout
-        loop = _loop.running()  # (the front's, adopted: asking asyncio for the running loop costs a system call)
+        # The front's loop, adopted (asking asyncio for the running loop costs a system call), when this is its thread
+        loop = _loop.running() if _loop.on_loop() else None
         task = asyncio.current_task(loop) if loop is not None else None
         if task is None:  # (not the adopted loop)
             loop = asyncio.get_running_loop()
@@ -287,7 +299,7 @@ class AsyncLifecycle:
             return
 
         def check() -> None:
-            if not future.done():
+            if future.running():  # (still queued for a model thread: behind other work, which is watched itself)
                 self.lifecycle.recycle(request_id)
 
         asyncio.get_running_loop().call_later(RECYCLE_GRACE, check)

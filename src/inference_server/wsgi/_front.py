@@ -114,7 +114,6 @@ def environ_of(
 #: What a WSGI app is handed besides the request (PEP 3333).
 _WSGI = {
     "wsgi.version": (1, 0),
-    "wsgi.errors": sys.stderr,
     "wsgi.multithread": True,
     "wsgi.multiprocess": True,
     "wsgi.run_once": False,
@@ -178,6 +177,7 @@ class Front:
         """A route of the WSGI app, called on a bridge thread once its body is read here."""
         environ = exchange.environ
         environ.update(_WSGI)
+        environ["wsgi.errors"] = sys.stderr  # (this moment's: it may have been replaced since the import)
         environ["wsgi.input"] = await self._body_for_bridge(exchange)
         loop = asyncio.get_running_loop()
         reply: list[Any] = []
