@@ -391,7 +391,7 @@ def test_on_the_loop_a_group_that_escapes_fails_each_of_its_requests() -> None:
     async def main() -> list[Any]:
         async def one(value: float) -> Any:
             try:
-                return await batcher.apredict(np.full((1, 2), value), None, None, threads.submit, coming=False)
+                return await batcher.apredict(np.full((1, 2), value), None, None, threads.submit)
             except Exception as exc:
                 return exc
 

@@ -212,6 +212,25 @@ class _Input:
         return self.call is not None and self.call.cancelled
 
 
+class Coming:
+    """A request's input on its way to a batcher's queue (:meth:`Batcher.coming`): a free model waits for it. The
+    block it closes (``with batcher.coming() as coming:``) hands it to :meth:`Batcher.predict` or
+    :meth:`Batcher.apredict`; ended without that (``input_fn`` failed), the input is no longer waited for."""
+
+    __slots__ = ("_batcher", "sent")
+
+    def __init__(self, batcher: Batcher) -> None:
+        self._batcher = batcher
+        self.sent = False
+
+    def __enter__(self) -> Coming:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if not self.sent:
+            self._batcher._gone()
+
+
 class Batcher:
     """One worker's queue of inputs and the groups run from it (see the module's text)."""
 
@@ -286,25 +305,27 @@ class Batcher:
         """Inputs in the queue now."""
         return len(self._queue)
 
-    def coming(self) -> None:
-        """A request started ``input_fn``: its input will follow (:meth:`predict`) unless it fails (:meth:`gone`)."""
+    def coming(self) -> Coming:
+        """A request started ``input_fn``: its input will follow, handed to :meth:`predict` or :meth:`apredict` with
+        the :class:`Coming` returned, unless the block it closes ends without it (``input_fn`` failed)."""
         with self._lock:
             self._coming += 1
             if self._owed:
                 self._owed -= 1
+        return Coming(self)
 
-    def gone(self) -> None:
+    def _gone(self) -> None:
         """A request that said :meth:`coming` will send no input after all."""
         with self._lock:
             self._coming -= 1
             self._wake_head()
 
-    def predict(self, data: Any, model: Any, call: Call | None = None, *, coming: bool = False) -> Any:
+    def predict(self, data: Any, model: Any, call: Call | None = None, *, coming: Coming | None = None) -> Any:
         """The prediction for one request's input, computed with those of other requests where they can be joined.
 
         Raises what ``predict_fn`` raised for this input, :class:`ServiceUnavailable` when the queue is full, and
-        :class:`Cancelled` when the request was answered while it waited. ``coming``: the request said
-        :meth:`coming` before ``input_fn``.
+        :class:`Cancelled` when the request was answered while it waited. ``coming``: what :meth:`coming` gave the
+        request before ``input_fn``.
         """
         item = self._input(data, model, call)
         with self._lock:
@@ -323,7 +344,7 @@ class Batcher:
         call: Call | None,
         spawn: Callable[[Callable[[], None]], concurrent.futures.Future[None]],
         *,
-        coming: bool,
+        coming: Coming | None = None,
         holder: Any = None,
         loop: asyncio.AbstractEventLoop | None = None,
     ) -> Any:
@@ -361,9 +382,10 @@ class Batcher:
             )
         return item
 
-    def _admit(self, item: _Input, coming: bool) -> None:
+    def _admit(self, item: _Input, coming: Coming | None) -> None:
         """Queue ``item`` (or refuse it: the queue is full); with the lock held."""
-        if coming:
+        if coming is not None:
+            coming.sent = True
             self._coming -= 1
         elif self._owed:
             self._owed -= 1

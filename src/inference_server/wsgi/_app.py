@@ -358,12 +358,12 @@ class App:
         codings = environ.get("HTTP_TRANSFER_ENCODING")
         if codings is not None and codings.strip().lower() != "chunked":  # (granian reads "gzip, chunked" as chunked)
             raise BadRequest(unsupported_coding(codings))
-        size = environ.get(HEAD_BYTES)
+        size = environ.get(HEAD_BYTES)  # (measured by an event-loop front)
         if size is None:
             size, headers = _head_bytes(environ)
-        else:
-            headers = 1
-        if headers and size > self.settings.max_header_bytes:
+            if not headers:  # (an environ that does not end with the headers: its server measures the head)
+                return
+        if size > self.settings.max_header_bytes:
             raise werkzeug.exceptions.RequestHeaderFieldsTooLarge(
                 f"the request line and headers are larger than {self.settings.max_header_bytes} bytes "
                 "(--max-header-bytes)"

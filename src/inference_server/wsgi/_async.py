@@ -327,21 +327,16 @@ class AsyncLifecycle:
             batcher = target.batcher
             work.call = call = _deadlines.Call()
             call.stage = _deadlines.WAITING
-            batcher.coming()
-            sent = False
+            with batcher.coming() as coming:
 
-            async def predict(data: Any) -> Any:
-                nonlocal sent
-                sent = True
-                return await batcher.apredict(data, model, call, self._spawn, coming=True, holder=work, loop=work.loop)
+                async def predict(data: Any) -> Any:
+                    return await batcher.apredict(
+                        data, model, call, self._spawn, coming=coming, holder=work, loop=work.loop
+                    )
 
-            try:
                 output = await pipeline.ainvoke(
                     body, content_type, accept, model, self._on_thread(work), framing, predict, work.loop
                 )
-            finally:
-                if not sent:
-                    batcher.gone()
         elif pipeline.asynchronous:
             output = await pipeline.ainvoke(
                 body, content_type, accept, model, self._on_thread(work), framing, loop=work.loop

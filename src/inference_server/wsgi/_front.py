@@ -96,7 +96,6 @@ def environ_of(
         "REMOTE_ADDR": client[0],
         "REMOTE_PORT": client[1],
         "wsgi.url_scheme": scheme,
-        HEAD_BYTES: 0,
     }
     # "METHOD target HTTP/x.y" CRLF, each "Name: value" CRLF, and the empty line's CRLF
     size = len(method) + len(path) + (len(query) + 1 if query else 0) + len(http_version) + 11

@@ -294,19 +294,12 @@ def _batched(
     framing: Framing | None,
 ) -> Any:
     """The hooks with ``predict_fn`` run by the batcher: ``input_fn`` and ``output_fn`` on this thread."""
-    batcher.coming()
-    sent = False
+    with batcher.coming() as coming:
 
-    def predict(data: Any) -> Any:
-        nonlocal sent
-        sent = True
-        return batcher.predict(data, model, call, coming=True)
+        def predict(data: Any) -> Any:
+            return batcher.predict(data, model, call, coming=coming)
 
-    try:
         return pipeline.invoke(body, content_type, accept, model, predict, streamed=True, framing=framing)
-    finally:
-        if not sent:
-            batcher.gone()
 
 
 class StreamFailed(Exception):
