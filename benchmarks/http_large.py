@@ -50,6 +50,8 @@ SIZES_MB = (1, 10, 100)
 MiB = 1 << 20
 PEERS = ("BentoML", "MLServer")
 LIMITED = "ours granian 128 MB limit"
+#: The same on granian's RSGI interface (the event-loop front, a preview).
+RSGI_LIMITED = "ours rsgi 128 MB limit"
 
 BENTOML_ECHO = """
     import os
@@ -143,6 +145,7 @@ def main() -> None:
         "ours gunicorn": (ours("gunicorn"), env),
         "ours granian": (ours("granian"), env),
         LIMITED: (ours("granian"), limited),
+        RSGI_LIMITED: ([*ours("granian"), "--granian-interface", "rsgi"], limited),
     }
     bodies = {mb: codecs.dumps(np.ones(mb * MiB // 4, dtype=np.float32), "application/x-npy") for mb in SIZES_MB}
     answers = {mb: bytearray(len(body)) for mb, body in bodies.items()}  # zeroed: their pages are in before round 1
@@ -170,7 +173,7 @@ def main() -> None:
         for i in range(repeats):
             for name in names[i % len(names) :] + names[: i % len(names)]:
                 for mb, chunked in cases:
-                    if chunked and (name.startswith("raw") or name == LIMITED):
+                    if chunked and (name.startswith("raw") or name in (LIMITED, RSGI_LIMITED)):
                         continue
                     key = (name, f"{mb} MB{' chunked' if chunked else ''}")
                     seconds = round_trip(servers[name].port, bodies[mb], chunked, answers[mb])

@@ -49,6 +49,11 @@ MAX_CONNECTIONS = 8192
 BACKLOG = 4096
 #: Streams one HTTP/2 connection may have open at once (``--http2``).
 MAX_HTTP2_STREAMS = 100
+#: The most bytes an HTTP/1 connection's read buffer holds (granian's own default). hyper reads a body in reads of at
+#: most this size, and a head must fit in it (else hyper answers 431 itself; a smaller head over
+#: ``--max-header-bytes`` reaches the app, which answers 431). At 64 KiB, reading a 100 MB body took twice as long
+#: (249 against 129 ms for a bare granian app, benchmarks/README.md, http_large).
+READ_BUFFER = 417_792
 #: Seconds a replaced worker goes on serving while its successor loads the model, at most.
 _READY_WAIT = 120.0
 
@@ -250,7 +255,7 @@ class Server(MPServer):
             http1_settings=HTTP1Settings(  # (hyper's one timer for idle keep-alive and slow headers: see KEEPALIVE)
                 header_read_timeout=max(settings.read_timeout, KEEPALIVE) * 1000,
                 keep_alive=True,
-                max_buffer_size=settings.max_header_bytes,
+                max_buffer_size=max(READ_BUFFER, settings.max_header_bytes),
             ),
             factory=True,
             log_level=LogLevels(settings.log_level),
