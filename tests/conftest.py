@@ -6,6 +6,7 @@ import contextlib
 import http.client
 import io
 import os
+import shutil
 import signal
 import socket
 import struct
@@ -200,7 +201,11 @@ def install_this_checkout(where: Path) -> Path:
     """This checkout (without dependencies) installed into ``where/site``, built without the network: a directory
     for ``PYTHONPATH`` beside a cached virtualenv that has the dependencies."""
     root = Path(__file__).resolve().parent.parent
-    pip(sys.executable, "wheel", "--no-deps", "--no-build-isolation", "-w", str(where), str(root))
+    tree = where / "tree"  # a copy: setuptools builds in the tree's build/, which another build may be using
+    shutil.copytree(root / "src", tree / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy(root / name, tree / name)
+    pip(sys.executable, "wheel", "--no-deps", "--no-build-isolation", "-w", str(where), str(tree))
     (wheel,) = where.glob("inference_server-*.whl")
     pip(sys.executable, "install", "--no-deps", "--target", str(where / "site"), str(wheel))
     return where / "site"
