@@ -44,7 +44,8 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
         "werkzeug",
         *SERVERS,
     ),
-    f"{OURS}._pipeline": (WSGI, f"{OURS}.server", f"{OURS}.cli", *SERVERS),
+    # the hooks' pipeline is told what to record by its maker (stage and timed callbacks): no metrics, no tracing
+    f"{OURS}._pipeline": (WSGI, f"{OURS}.server", f"{OURS}.cli", f"{OURS}.metrics", f"{OURS}._tracing", *SERVERS),
     WSGI: (f"{OURS}.server", f"{OURS}.cli", *SERVERS),
     # protocol modules import the lifecycle, never each other (nor the app that lists them)
     **{protocol: (f"{WSGI}._app", *(other for other in PROTOCOLS if other != protocol)) for protocol in PROTOCOLS},
@@ -69,6 +70,9 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
 NEVER: dict[str, tuple[str, ...]] = {
     f"{OURS}.transform.job": (*ENGINES, f"{OURS}.transform.tasks"),
     f"{OURS}.transform.tasks": ENGINES,
+    f"{OURS}._pipeline": (f"{OURS}.metrics", f"{OURS}._tracing"),
+    # a protocol sees the app through its narrow interface (wsgi._service.Service), not even to name its type
+    **{protocol: (f"{WSGI}._app",) for protocol in (*PROTOCOLS, f"{WSGI}.v2")},
 }
 #: The chosen backend alone is imported: importing one never loads the other, and the package loads neither.
 EXACT: dict[str, tuple[str, ...]] = {
@@ -193,7 +197,8 @@ def test_no_import_cycle_but_a_packages_deferred_choice() -> None:
 @pytest.mark.parametrize("module", sorted(NEVER))
 def test_module_never_imports_what_lies_above_it_even_inside_a_function(module: str) -> None:
     """transform.tasks (the engines' shared planning) never imports an engine, and transform.job (what every engine
-    runs a file with) neither an engine nor the planning: a function-level import would hide a cycle."""
+    runs a file with) neither an engine nor the planning: a function-level import would hide a cycle; the pipeline
+    neither metrics nor tracing; a protocol module not the app, even for its type."""
     assert not [name for name in _imported_anywhere(module) if _within(name, NEVER[module])]
 
 

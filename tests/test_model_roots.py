@@ -16,6 +16,7 @@ import pytest
 
 from inference_server._settings import Settings
 from inference_server.errors import ConfigurationError
+from tests.conftest import GRANIAN_INTERFACE
 
 MODEL = """
     import os
@@ -235,6 +236,8 @@ def test_hostile_target_models_are_400_or_404_alike_on_both_backends_never_500(
     still loads."""
     server = servers.start("--server", backend, *disk.args(), plugins=["recorder"])
     for target, expected in TARGETS:
+        if backend == "granian" and GRANIAN_INTERFACE == "rsgi" and not target.isascii():
+            continue  # granian's RSGI interface drops such a header before the app sees it (docs: backends.md)
         status, body = _raw(server.port, "/endpoints/x/invocations", target)
         answer = orjson.loads(body)
         got = (status, answer["OriginalStatusCode"]) if status == 424 else (status, None)

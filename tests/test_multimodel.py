@@ -430,3 +430,33 @@ def test_a_model_unloaded_through_another_worker_is_never_served_while_this_one_
         watcher.join(10)
     with pytest.raises(NotFound):
         here.model("m")
+
+
+def test_a_target_found_loaded_on_the_loop_is_kept(tmp_path: Path) -> None:
+    """A model's target whose model the event loop finds loaded (``at_hand``, no thread) is kept as one found by
+    ``model()`` on a thread is: the next invocation gets the same target; a name of no model is never kept."""
+    from inference_server import _plugins, plugin_hook
+    from inference_server._settings import Settings
+    from inference_server.wsgi._app import App
+
+    class Plugin:
+        @plugin_hook
+        def model_fn(self, model_dir: str) -> str:
+            return model_dir
+
+    settings = Settings(model_dir=str(tmp_path), multi_model=True, allow_model_dir=(str(tmp_path),))
+    app = App(settings, _plugins.build_manager([], [Plugin()]))
+    assert app.multi_model is not None
+    (tmp_path / "m").mkdir()
+    app.multi_model.load("m", str(tmp_path / "m"))
+    first = app.model_target("m")
+    assert first.at_hand is not None
+    assert first.at_hand() == str(tmp_path / "m")
+    kept = app.model_target("m")
+    assert kept is app.model_target("m")
+    assert kept.at_hand is not None
+    assert kept.at_hand() == str(tmp_path / "m")
+    absent = app.model_target("absent")
+    assert absent.at_hand is not None
+    assert absent.at_hand() is None
+    assert app.model_target("absent") is not app.model_target("absent")

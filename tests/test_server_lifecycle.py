@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import ARRIVED, Arrivals, wait_until
+from tests.conftest import ARRIVED, GRANIAN_INTERFACE, Arrivals, wait_until
 
 OCTETS = "application/octet-stream"
 SLOW = (
@@ -174,7 +174,11 @@ def test_killed_worker_is_replaced(servers: Any, backend: str) -> None:
     newcomer = (_children(server.process.pid) - {victim}).pop()
     seen: set[int] = set()
     while newcomer not in seen and time.monotonic() - started < 5:
-        reply = _post(server, b"pid")
+        try:
+            reply = _post(server, b"pid")
+        except ConnectionRefusedError:  # (granian: a connection met the dead worker's socket as it closed, seen once)
+            errors.append(time.monotonic())  # a failure: it must be at the moment of the death too
+            continue
         assert reply.status == 200
         seen.add(int(reply.body))
     assert newcomer in seen, "the new worker did not answer within 5 s"
@@ -188,14 +192,21 @@ def test_killed_worker_is_replaced(servers: Any, backend: str) -> None:
 def test_a_request_stuck_past_its_timeout_has_its_connection_closed_and_its_worker_replaced(
     servers: Any, backend: str
 ) -> None:
-    """A predict_fn sleeping far past --timeout cannot be answered (the hooks run on the server's thread and are
-    never interrupted): its worker is replaced 2 s after the deadline, and its connection closed when the old worker
-    stops (within --graceful-timeout); others are served meanwhile, and after."""
+    """A predict_fn sleeping far past --timeout is never interrupted: its worker is replaced 2 s after the deadline;
+    where the hooks hold the request's server thread (WSGI), the request is not answered and its connection is closed
+    when the old worker stops (within --graceful-timeout); on an event-loop front it is answered 504 at the deadline.
+    Others are served meanwhile, and after."""
     server = servers.start("--server", backend, "--timeout", "1", "--graceful-timeout", "3")
     started = time.monotonic()
-    with pytest.raises((http.client.RemoteDisconnected, ConnectionResetError)):
-        server.request("POST", "/invocations", b"sleep 30", {"Content-Type": OCTETS, "X-Request-Id": "stuck-1"})
-    assert 3 <= time.monotonic() - started < 10  # 1 s, 2 s of grace, then --graceful-timeout 3 at most
+    headers = {"Content-Type": OCTETS, "X-Request-Id": "stuck-1"}
+    if backend == "granian" and GRANIAN_INTERFACE:
+        assert server.request("POST", "/invocations", b"sleep 30", headers).status == 504
+        assert time.monotonic() - started < 3
+        wait_until(lambda: _post(server, b"after").status == 200, 15, "the stuck worker was not replaced")
+    else:
+        with pytest.raises((http.client.RemoteDisconnected, ConnectionResetError)):
+            server.request("POST", "/invocations", b"sleep 30", headers)
+        assert 3 <= time.monotonic() - started < 10  # 1 s, 2 s of grace, then --graceful-timeout 3 at most
     assert "request stuck-1 was still running 2.0 s after its timeout" in server.output()
     assert all(_post(server, b"after").status == 200 for _ in range(20))
 

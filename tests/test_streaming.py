@@ -21,13 +21,19 @@ import pytest
 import sseclient
 
 from inference_server import client
-from tests.conftest import local_aws_env, wait_until
+from tests.conftest import GRANIAN_INTERFACE, local_aws_env, wait_until
 from tests.test_metrics import samples, total
 
 JSON = {"Content-Type": "application/json"}
 #: Each backend, and granian's event-loop fronts (``asgi``, ``rsgi``: streams without a thread each, on the
 #: worker's loop).
 BACKENDS = ["granian", "gunicorn", "asgi", "rsgi"]
+
+
+def _ends_failed_streams_whole(backend: str) -> bool:
+    """Whether ``backend`` is granian's RSGI interface, which ends a stream that fails mid-way with the chunked
+    coding's last chunk (docs/explanation/backends.md): its client cannot tell it was cut."""
+    return backend == "rsgi" or (backend == "granian" and GRANIAN_INTERFACE == "rsgi")
 
 
 def _serve(backend: str) -> tuple[str, ...]:
@@ -333,7 +339,7 @@ def test_a_stream_past_the_stream_timeout_is_cut(
     done = tmp_path / "done"
     response = post(server, "/invocations", {"items": list(range(20)), "pause": 0.2, "finally": str(done)})
     assert response.readline() == b"0\n"
-    if backend == "rsgi":
+    if _ends_failed_streams_whole(backend):
         assert len(response.read().splitlines()) < 19
     else:
         with pytest.raises(http.client.IncompleteRead):
@@ -350,11 +356,13 @@ def test_a_stream_past_the_stream_timeout_is_cut(
 
 
 def test_the_request_timeout_bounds_the_first_chunk(streamer: None, servers: Any) -> None:
-    """--timeout applies to the time to the first chunk: a generator whose first record takes longer is a 504."""
+    """--timeout applies to the time to the first chunk: a generator whose first record takes longer is a 504, and
+    once that record is made (its model thread free again) the next stream is served."""
     server = servers.start("--timeout", "1")
     reply = server.request("POST", "/invocations", orjson.dumps({"items": [1], "pause": 3}), JSON)
     assert reply.status == 504
-    assert server.request("POST", "/invocations", orjson.dumps({"items": [1, 2]}), JSON).body == b"1\n2\n"
+    body, headers = orjson.dumps({"items": [1, 2]}), JSON
+    wait_until(lambda: server.request("POST", "/invocations", body, headers).body == b"1\n2\n", 10, "not served")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -414,8 +422,12 @@ def test_predict_stream_reassembles_records_split_across_chunks(
         ]
         assert list(predictor.predict_stream({"items": ["x", {"y": 1}]})) == ["x", {"y": 1}]
         received = []
+        failing = {"items": [1, 2, 3], "fail_at": 2}
+        if via == "url" and _ends_failed_streams_whole("granian"):  # the stream reads as whole
+            assert list(predictor.predict_stream(failing)) == [1, 2]
+            return
         with pytest.raises(client.StreamError) as caught:
-            received.extend(predictor.predict_stream({"items": [1, 2, 3], "fail_at": 2}))
+            received.extend(predictor.predict_stream(failing))
         assert received == [1, 2]
         assert caught.value.code == ("IncompleteStream" if via == "url" else "ModelStreamError")
 

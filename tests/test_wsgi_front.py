@@ -8,21 +8,30 @@ short, and a header that is not UTF-8 reaches the app's checks."""
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import contextlib
 import http.client
+import logging
 import os
 import signal
 import socket
 import struct
 import textwrap
 import time
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
+import botocore.eventstream
 import orjson
 import pytest
 
+from inference_server import _loop, _plugins, plugin_hook
+from inference_server._settings import Settings
+from inference_server.wsgi._app import App
+from inference_server.wsgi._asgi import AsgiFront
+from inference_server.wsgi._invoke import StreamFailed
 from tests.conftest import wait_until
 
 JSON = {"Content-Type": "application/json"}
@@ -208,6 +217,74 @@ def test_a_request_still_waiting_for_the_model_at_its_deadline_never_reaches_it(
     assert not called.exists()
 
 
+#: A sync model that sleeps ``data["sleep"]`` seconds (a number, or an array of one under v2) and says so.
+SLOW = """
+    import time
+
+    import numpy
+
+    import inference_server
+
+    @inference_server.plugin_hook
+    def predict_fn(data, model):
+        seconds = float(numpy.ravel(data["sleep"])[0])
+        time.sleep(seconds)
+        return {"slept": numpy.asarray([seconds])}
+"""
+
+#: Each route that invokes the model besides ``/invocations``, with the front it is tried on (both fronts in all).
+INVOKING = [
+    ("asgi", "/endpoints/e/invocations"),
+    ("rsgi", "/endpoints/e/invocations-response-stream"),
+    ("rsgi", "/v2/models/m/infer"),
+    ("asgi", "/models/m/invoke"),
+]
+
+
+def _start_for(route: str, interface: str, servers: Any, tmp_path: Path, *options: str) -> Any:
+    """A server of model ``m`` on ``interface`` for ``route``: of several models, ``m`` loaded, for ``/models``."""
+    front = ("--server", "granian", "--granian-interface", interface, "--model-name", "m", *options)
+    if not route.startswith("/models/"):
+        return servers.start(*front)
+    root = tmp_path / "root"
+    (root / "m").mkdir(parents=True)
+    server = servers.start(*front, "--multi-model", "--model-root", str(root))
+    loaded = server.request("POST", "/models", orjson.dumps({"model_name": "m", "url": str(root / "m")}), JSON)
+    assert loaded.status == 200, loaded.body
+    return server
+
+
+def _sleep_body(route: str, seconds: float) -> bytes:
+    if route.startswith("/v2/"):
+        return orjson.dumps({"inputs": [{"name": "sleep", "datatype": "FP64", "shape": [1], "data": [seconds]}]})
+    return orjson.dumps({"sleep": seconds})
+
+
+@pytest.mark.parametrize(("interface", "route"), INVOKING)
+def test_every_route_that_invokes_the_model_answers_at_the_deadline(
+    interface: str, route: str, plugin_site: Any, servers: Any, tmp_path: Path
+) -> None:
+    """SageMaker Runtime's routes, v2's infer and /models/{name}/invoke run on the loop too: a sync predict_fn
+    sleeping 8 s under --timeout 1 is answered before its sleep ends (504; Runtime's 424 ModelError wrapping it),
+    and the next request is served on the other model thread meanwhile."""
+    plugin_site.add("slow", SLOW)
+    server = _start_for(route, interface, servers, tmp_path, "--timeout", "1", "--threads", "2")
+    started = time.monotonic()
+    answer = server.request("POST", route, _sleep_body(route, 8), JSON, timeout=30)
+    assert time.monotonic() - started < 8
+    if route.startswith("/endpoints/"):
+        assert answer.status == 424, answer.body
+        error = orjson.loads(answer.body)
+        assert error["OriginalStatusCode"] == 504
+        assert "timeout of 1 s" in error["OriginalMessage"]
+    else:
+        assert answer.status == 504, answer.body
+        assert "timeout of 1 s" in answer.body.decode()
+    served = server.request("POST", route, _sleep_body(route, 0), JSON, timeout=30)
+    assert served.status == 200, served.body
+    assert time.monotonic() - started < 8
+
+
 def _threads(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/task"))
 
@@ -249,16 +326,27 @@ GROUPED = """
 """
 
 
-def test_micro_batched_requests_wait_on_the_loop(front: tuple[str, ...], plugin_site: Any, servers: Any) -> None:
-    """64 requests to a micro-batching model (--max-batch-size 32, --threads 1) wait for their groups on the loop:
-    the worker's thread count stays that of an idle worker plus its model thread while they wait, they share calls,
-    and each gets its own rows back."""
+@pytest.mark.parametrize(
+    ("interface", "route"), [("asgi", "/invocations"), ("rsgi", "/invocations"), ("rsgi", "/models/m/invoke")]
+)
+def test_micro_batched_requests_wait_on_the_loop(
+    interface: str, route: str, plugin_site: Any, servers: Any, tmp_path: Path
+) -> None:
+    """64 requests to a micro-batching model (--max-batch-size 32, --threads 1), through /invocations or a
+    multi-model endpoint's /models/{name}/invoke, wait for their groups on the loop: the worker's thread count stays
+    that of an idle worker plus its model thread while they wait, they share calls, and each gets its own rows
+    back."""
     plugin_site.add("grouped", GROUPED)
-    server = servers.start(*front, "--max-batch-size", "32", "--threads", "1", "--metrics")
+    options = ("--max-batch-size", "32", "--threads", "1", "--metrics")
+    server = _start_for(route, interface, servers, tmp_path, *options)
     [worker] = server.workers()
     idle = _threads(worker)
+
+    def post(rows: Any) -> Any:
+        return server.request("POST", route, orjson.dumps(rows), JSON, timeout=60)
+
     with concurrent.futures.ThreadPoolExecutor(64) as pool:
-        answers = [pool.submit(_post, server, [[i, i]]) for i in range(64)]
+        answers = [pool.submit(post, [[i, i]]) for i in range(64)]
         server.wait_in_flight(40)
         assert _threads(worker) <= idle + 2
         rows = [orjson.loads(answer.result().body) for answer in answers]
@@ -496,3 +584,142 @@ def test_a_quick_model_runs_inline_until_a_call_is_slow(front: tuple[str, ...], 
             slow_inline = not thread(sleep=0.05).startswith("model")
     assert slow_inline, "no slow call ran inline"
     assert thread().startswith("model")
+
+
+# -- in process, through the ASGI interface as a server drives it ------------------------------------------------------
+
+
+class _Streams:
+    """A model whose prediction is a generator of ``data["items"]``, raising at index ``fail_at``; counts closings."""
+
+    def __init__(self) -> None:
+        self.closed = 0
+
+    @plugin_hook
+    def predict_fn(self, data: Any, model: Any) -> Any:
+        def made() -> Any:
+            try:
+                for index, item in enumerate(data["items"]):
+                    if index == data.get("fail_at"):
+                        raise RuntimeError("the model failed mid-stream")
+                    yield item
+            finally:
+                self.closed += 1
+
+        return made()
+
+
+class _Worker:
+    """The worker's count of requests in flight, as the drain reads it."""
+
+    draining, draining_since, inside = False, 0.0, 0
+
+    def enter(self) -> None:
+        self.inside += 1
+
+    def leave(self) -> None:
+        self.inside -= 1
+
+    def request_recycle(self, reason: str, kind: str = "stuck") -> None:
+        raise AssertionError(reason)
+
+
+@pytest.fixture(autouse=True)
+def _own_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The in-process tests' front adopts their ``asyncio.run`` loop as the process's: forgotten after each test, so
+    that later tests in this process start a loop of their own for async hooks."""
+    monkeypatch.setattr(_loop, "_running", None)
+
+
+def _asgi_front(*plugins: object, **settings: Any) -> tuple[AsgiFront, _Worker]:
+    app = App(Settings(model_dir="/nonexistent", **settings), _plugins.build_manager([], list(plugins)))
+    app.worker = worker = _Worker()
+    return AsgiFront(app), worker
+
+
+async def _drive(front: AsgiFront, path: str, value: Any, send: Any) -> None:
+    """One POST of ``value`` as JSON to ``path``, its answer's messages handed to ``send``."""
+    body = orjson.dumps(value)
+    headers = [(b"host", b"x"), (b"content-length", str(len(body)).encode()), (b"content-type", b"application/json")]
+    scope = {"type": "http", "method": "POST", "path": path, "query_string": b"", "http_version": "1.1",
+             "scheme": "http", "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80), "headers": headers}  # fmt: skip
+    messages = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def receive() -> dict[str, Any]:
+        if messages:
+            return messages.pop()
+        await asyncio.Event().wait()  # (the client stays: no http.disconnect)
+        raise AssertionError("not reached")
+
+    await front(scope, receive, send)
+
+
+STREAMED_ROUTES = ["/invocations", "/endpoints/e/invocations-response-stream"]
+
+
+@pytest.mark.parametrize("path", STREAMED_ROUTES)
+def test_a_stream_whose_head_cannot_be_sent_is_closed_and_leaves_the_drain(path: str) -> None:
+    """A server whose send raises at the answer's head (the client gone, as ASGI allows): the stream's generator is
+    closed and the request leaves the worker's count of requests in flight, so a drain does not wait for it."""
+    streams = _Streams()
+    front, worker = _asgi_front(streams)
+
+    async def send(message: dict[str, Any]) -> None:
+        raise OSError("the client went away")
+
+    with contextlib.suppress(OSError):
+        asyncio.run(_drive(front, path, {"items": [1, 2, 3]}, send))
+    assert (streams.closed, worker.inside) == (1, 0)
+
+
+@pytest.mark.parametrize("path", ["/invocations", "/endpoints/e/invocations"])
+def test_a_stream_cut_midway_is_logged_with_the_bytes_it_sent(path: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A stream whose model fails after two records of 1,000 characters is cut; its access line counts what was
+    sent before (each record's JSON line, 1,003 bytes), not 0."""
+    front, _ = _asgi_front(_Streams(), access_log=True)
+    caplog.set_level(logging.INFO, "inference_server.access")
+
+    async def send(message: dict[str, Any]) -> None:
+        return None
+
+    with contextlib.suppress(StreamFailed):
+        asyncio.run(_drive(front, path, {"items": ["a" * 1000, "b" * 1000, "c"], "fail_at": 2}, send))
+    [line] = [record.getMessage() for record in caplog.records if record.name == "inference_server.access"]
+    assert line.endswith(" 2006 B out"), line
+
+
+def test_a_whole_answer_is_framed_as_events_one_at_a_time_on_the_loop() -> None:
+    """A 64 MiB whole answer on the response-stream route goes out as four PayloadPart events of 16 MiB carrying its
+    bytes in order, each framed when the server asks for it: the memory the request takes at its peak is the answer
+    and a few events, never the answer framed whole beside it."""
+    size = 64 << 20
+
+    class Big:
+        @plugin_hook
+        def predict_fn(self, data: Any, model: Any) -> Any:
+            return b"\x07" * size
+
+        @plugin_hook
+        def output_fn(self, prediction: Any, accept: Any) -> Any:
+            return prediction, "application/octet-stream"
+
+    front, worker = _asgi_front(Big())
+    sizes = []
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.body" and message.get("body"):
+            events = botocore.eventstream.EventStreamBuffer()  # (each message one whole event)
+            events.add_data(message["body"])
+            [event] = list(events)
+            assert event.payload == b"\x07" * len(event.payload)
+            sizes.append(len(event.payload))
+
+    tracemalloc.start()
+    try:
+        asyncio.run(_drive(front, "/endpoints/e/invocations-response-stream", [1], send))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert sizes == [16 << 20] * 4
+    assert peak < size + 4 * (16 << 20), f"{peak >> 20} MiB"
+    assert worker.inside == 0

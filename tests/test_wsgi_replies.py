@@ -1,11 +1,15 @@
-"""Reply bodies: cleanups run once when the server closes the body, and items are buffers every server sends."""
+"""Reply bodies: cleanups run once when the server closes the body, and items are buffers every server sends;
+problems: what went wrong, before a protocol writes it."""
 
 from __future__ import annotations
 
 import numpy as np
+import orjson
 import pytest
+import werkzeug.exceptions
 
-from inference_server.wsgi._replies import HAND_OVER, PIECE, Body
+from inference_server.errors import HookError, ServiceUnavailable
+from inference_server.wsgi._replies import HAND_OVER, PIECE, Body, problem_for
 
 
 def test_cleanups_run_once_when_the_server_closes_the_body() -> None:
@@ -110,3 +114,43 @@ def test_a_small_whole_answer_is_handed_over_as_a_list_with_its_cleanups_run() -
     assert calls == ["left"]
     large.close()
     assert calls == ["left", "large"]
+
+
+ENVIRON = {"REQUEST_METHOD": "POST", "PATH_INFO": "/invocations"}
+
+
+def test_a_problem_keeps_an_http_errors_status_message_and_headers() -> None:
+    """An HTTP error becomes a problem with its status, message and own headers (405's Allow, 503's Retry-After),
+    never a Content-Type of its own; SageMaker's routes write it as JSON with those headers."""
+    allowed = problem_for(werkzeug.exceptions.MethodNotAllowed(["GET"], "POST is not allowed here"), "r1", ENVIRON)
+    assert allowed[:3] == (405, "POST is not allowed here", "r1")
+    assert allowed.headers == [("Allow", "GET")]
+    busy = problem_for(ServiceUnavailable("draining", headers=[("Retry-After", "1")]), "r2", ENVIRON)
+    status, headers, body = busy.reply()
+    assert (status, headers[2:]) == (503, [("Retry-After", "1")])
+    assert orjson.loads(b"".join(body)) == {"message": "draining", "request_id": "r2", "status": 503}
+
+
+def test_a_hooks_failure_is_a_500_problem_that_hides_its_message_unless_debug() -> None:
+    """A hook's exception is a 500 naming the hook and the exception's class and pointing to the log; its message and
+    traceback are in the problem only with debug."""
+    error = HookError("predict_fn", ValueError("secret row 7"), "predict_fn raised ValueError")
+    quiet = problem_for(error, "r3", ENVIRON)
+    assert quiet.status == 500
+    assert quiet.message == "predict_fn raised ValueError; see the server log for request r3"
+    assert quiet.traceback is None
+    loud = problem_for(error, "r3", ENVIRON, debug=True)
+    assert loud.message.endswith(": ValueError: secret row 7")
+    assert loud.traceback is not None
+    assert "ValueError: secret row 7" in loud.traceback
+    assert orjson.loads(b"".join(loud.reply()[2]))["traceback"] == loud.traceback
+
+
+def test_a_werkzeug_error_without_a_description_keeps_a_null_message() -> None:
+    """A werkzeug HTTP exception made without a description answers ``"message": null``, as before problems."""
+
+    class Teapot(werkzeug.exceptions.HTTPException):
+        code = 418
+
+    status, _, body = problem_for(Teapot(), "r4", ENVIRON).reply()
+    assert (status, orjson.loads(b"".join(body))) == (418, {"message": None, "request_id": "r4", "status": 418})

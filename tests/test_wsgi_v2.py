@@ -464,11 +464,12 @@ def test_names_of_no_model_never_fill_the_per_name_cache(tmp_path: Path) -> None
     for index in range(50):
         response = client.post(f"/v2/models/nothing-{index}/infer", data=body)
         assert response.status_code == 404, response.get_data()
-    assert app._model_targets == {}
+    assert app._model_targets is not None
+    assert app._model_targets._kept == {}
     assert client.post("/v2/repository/models/real/load", data=b"").status_code == 200
     for _ in range(3):
         assert client.post("/v2/models/real/infer", data=body).status_code == 200
-    assert list(app._model_targets) == [("real", False)]
+    assert list(app._model_targets._kept) == [("real", False)]
 
 
 @pytest.mark.parametrize(

@@ -200,16 +200,27 @@ class MultiModel:
         return {"modelName": name, "modelUrl": url, "rssBytesByWorker": self.registry.costs(name)}
 
     # -- invocations ---------------------------------------------------------------------------------------------
+    def at_hand(self, name: str, target_model: bool = False) -> Any:
+        """What :meth:`model` (``target_model``: :meth:`target_model`) returns when it can without loading or
+        waiting (the model is loaded here and still registered: a file's status, at most a small file read), else
+        None: what an event loop may ask itself."""
+        key = ("target" if target_model else "api", name)
+        entry = self._store.entry(key)
+        if entry is None or not entry.loaded:
+            return None
+        self._used[key] = time.monotonic()
+        if target_model or self.registry.version() == self._version or self.registry.get(name) is not None:
+            if self._recorder is not None:
+                self._recorder.model_hit(None)
+            return entry.model
+        return None
+
     def model(self, name: str) -> Any:
         """The model registered as ``name``, loaded here on first use; :class:`NotFound` if it is not registered."""
+        model = self.at_hand(name)
+        if model is not None:
+            return model
         key = ("api", name)
-        entry = self._store.entry(key)
-        if entry is not None and entry.loaded:
-            self._used[key] = time.monotonic()
-            if self.registry.version() == self._version or self.registry.get(name) is not None:
-                if self._recorder is not None:
-                    self._recorder.model_hit(None)
-                return entry.model
         started = time.perf_counter()
         found = self.registry.get(name)
         if found is None:
@@ -223,13 +234,10 @@ class MultiModel:
     def target_model(self, target: str) -> Any:
         """The model of SageMaker Runtime's ``TargetModel`` under ``--model-root``, loaded on first use, making room
         by unloading the least recently used of those."""
+        model = self.at_hand(target, target_model=True)
+        if model is not None:
+            return model
         key = ("target", target)
-        entry = self._store.entry(key)
-        if entry is not None and entry.loaded:
-            self._used[key] = time.monotonic()
-            if self._recorder is not None:
-                self._recorder.model_hit(None)
-            return entry.model
         started = time.perf_counter()  # (a tarball's unpacking is part of the wait)
         directory = self.root_directory(target, "a TargetModel")
         try:

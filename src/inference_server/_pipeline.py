@@ -14,6 +14,7 @@ import io
 import logging
 import time
 from collections.abc import Awaitable, Callable, Hashable, Iterator
+from contextlib import AbstractContextManager
 from typing import Any, NamedTuple, Protocol, TypeVar
 
 import pluggy
@@ -21,7 +22,7 @@ import werkzeug.exceptions
 import werkzeug.http
 from werkzeug.datastructures import MIMEAccept
 
-from inference_server import _loop, _models, _plugins, _script, _tracing, codecs, default_plugin, metrics
+from inference_server import _loop, _models, _plugins, _script, codecs, default_plugin
 from inference_server._settings import BatchStrategy, Settings
 from inference_server.errors import ConfigurationError, HookError, HTTPError, ModelLoadError, UnsupportedMediaType
 
@@ -176,7 +177,17 @@ def execution_parameters(pm: pluggy.PluginManager) -> dict[str, Any]:
 class Pipeline:
     """The hooks of one plugin set (and script) for one model directory, resolved once, run once per invocation."""
 
-    def __init__(self, settings: Settings, shared: pluggy.PluginManager) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        shared: pluggy.PluginManager,
+        *,
+        stage: Callable[[str], AbstractContextManager[Any]] | None = None,
+        timed: Callable[[tuple[float, float, float, float]], None] | None = None,
+    ) -> None:
+        """``stage(hook)``: what each hook of an invocation runs within (a trace's span), if anything; ``timed``:
+        told each invocation's times (when decoding, predicting and encoding began, and when it ended), if
+        anything. Whoever makes the pipeline gives them (the server: its tracing and metrics)."""
         script = _script.plugin(settings)
         #: The plugins whose hooks run: ``shared``'s, with the script first if there is one (in a view of its own).
         self.pm = pm = shared if script is None else _plugins.view(shared, script.plugin, script.name)
@@ -219,9 +230,8 @@ class Pipeline:
         #: Whether a hook of an invocation is ``async def``: the event-loop lifecycle then runs it with
         #: :meth:`ainvoke`, else all of it on one model thread with :meth:`invoke`.
         self.asynchronous = any(stage.awaited is not None for stage in self._stages.values())
-        #: Where the hooks' times are counted (``--metrics``), else None.
-        self._timed = metrics.recorder.timed if settings.metrics else None
-        self._tracing = _tracing.create()
+        self._stage = stage
+        self._timed = timed
 
     @property
     def limits(self) -> codecs.Limits:
@@ -342,18 +352,18 @@ class Pipeline:
         default_plugin.current.set((self._defaults, content_type))
         hooks = _HOOKS if framing is None else framing.stages
         stages = self._stages
-        tracing = self._tracing
+        stage = self._stage
         hook, data = hooks[0], None
         try:
             started = time.perf_counter()
-            with tracing.stage(hook) if tracing is not None else _NO_SPAN:
+            with stage(hook) if stage is not None else _NO_SPAN:
                 if framing is None:
                     data = await stages["input_fn"].run(on_thread, body, content_type)
                 else:
                     data = await on_thread(framing.decode, body, model)
             hook = "predict_fn"
             decoded = time.perf_counter()
-            with tracing.stage(hook) if tracing is not None else _NO_SPAN:
+            with stage(hook) if stage is not None else _NO_SPAN:
                 if predict is None:
                     prediction = await stages["predict_fn"].run(on_thread, data, model)
                 else:
@@ -362,7 +372,7 @@ class Pipeline:
                     await prediction.prefetch()  # the first record, which output_fn may look at on the loop
             hook = hooks[2]
             predicted = time.perf_counter()
-            with tracing.stage(hook) if tracing is not None else _NO_SPAN:
+            with stage(hook) if stage is not None else _NO_SPAN:
                 if framing is None:
                     output = _output(await stages["output_fn"].run(on_thread, prediction, parse_accept(accept)))
                 else:
@@ -387,56 +397,20 @@ class Pipeline:
         framing: Framing | None,
     ) -> Output:
         default_plugin.current.set((self._defaults, content_type))
-        if self._tracing is not None:
-            return self._traced(self._tracing, body, content_type, accept, model, predict, framing)
         hooks = _HOOKS if framing is None else framing.stages
+        stage = self._stage
         hook, data = hooks[0], None
         try:
             started = time.perf_counter()
-            data = self._input_fn(body, content_type) if framing is None else framing.decode(body, model)
-            hook = "predict_fn"
-            decoded = time.perf_counter()
-            prediction = self._predict_fn(data, model) if predict is None else predict(data)
-            hook = hooks[2]
-            predicted = time.perf_counter()
-            if framing is None:
-                output = _output(self._output_fn(prediction, parse_accept(accept)))
-            else:
-                output = framing.encode(prediction)
-            if output.stream is not None and isinstance(prediction, _loop.Items):
-                output.stream.records = prediction
-            if self._timed is not None:
-                self._timed((started, decoded, predicted, time.perf_counter()))
-            return output
-        except (HTTPError, HookError, werkzeug.exceptions.HTTPException):
-            raise
-        except Exception as exc:
-            raise _failed(hook, exc, data is body, content_type) from exc
-
-    def _traced(
-        self,
-        tracing: _tracing.Tracing,
-        body: codecs.Buffer,
-        content_type: str,
-        accept: str,
-        model: Any,
-        predict: Callable[[Any], Any] | None,
-        framing: Framing | None,
-    ) -> Output:
-        """:meth:`_invoke` with each hook in a span of its own (``--metrics`` counted too)."""
-        hooks = _HOOKS if framing is None else framing.stages
-        hook, data = hooks[0], None
-        try:
-            started = time.perf_counter()
-            with tracing.stage(hook):
+            with stage(hook) if stage is not None else _NO_SPAN:
                 data = self._input_fn(body, content_type) if framing is None else framing.decode(body, model)
             hook = "predict_fn"
             decoded = time.perf_counter()
-            with tracing.stage(hook):
+            with stage(hook) if stage is not None else _NO_SPAN:
                 prediction = self._predict_fn(data, model) if predict is None else predict(data)
             hook = hooks[2]
             predicted = time.perf_counter()
-            with tracing.stage(hook):
+            with stage(hook) if stage is not None else _NO_SPAN:
                 if framing is None:
                     output = _output(self._output_fn(prediction, parse_accept(accept)))
                 else:

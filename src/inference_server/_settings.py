@@ -373,9 +373,9 @@ class Settings:
         "wsgi",
         "INFERENCE_SERVER_GRANIAN_INTERFACE",
         _one_of(GRANIAN_INTERFACES),
-        "granian's interface: wsgi, or asgi or rsgi (a preview of the event-loop request path: /invocations on an "
-        "event loop, with the 504 at the deadline, async hooks and streams that hold no thread; other routes on a "
-        "bridge)",
+        "granian's interface: wsgi, or asgi or rsgi (a preview of the event-loop request path: every route that "
+        "invokes the model on an event loop, with the 504 at the deadline, async hooks and streams that hold no "
+        "thread; the others on a bridge)",
         choices=GRANIAN_INTERFACES,
     )
     http2: bool = _variable(

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from inference_server import _plugins
+from inference_server import _plugins, _tracing
 from inference_server._pipeline import Pipeline
 from inference_server._settings import BatchStrategy, Settings
 from inference_server.errors import ConfigurationError
@@ -83,7 +83,8 @@ class BatchPredictor(Predictor):
 
     def __init__(self, *, model_dir: str | None = None) -> None:
         settings = Settings.from_env(model_dir=model_dir)
-        self.pipeline = Pipeline(settings, _plugins.manager())
+        tracing = _tracing.create()  # (each hook in a span of its own, as the server has them)
+        self.pipeline = Pipeline(settings, _plugins.manager(), stage=tracing.stage if tracing is not None else None)
         #: What ``/execution-parameters`` would answer: the hooks' defaults for a transform job.
         self.execution_parameters: dict[str, Any] = self.pipeline.execution_parameters
 

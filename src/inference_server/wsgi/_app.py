@@ -22,22 +22,35 @@ from inference_server._pipeline import Pipeline
 from inference_server._settings import Settings
 from inference_server.errors import BadRequest, URITooLong
 from inference_server.wsgi import models, prometheus, runtime, sagemaker, v2
-from inference_server.wsgi._body import BODY_BYTES, unsupported_coding
+from inference_server.wsgi._body import BODY_BYTES, read_json_object, unsupported_coding
 from inference_server.wsgi._invoke import (
     MODEL,
     Backend,
+    Health,
     Lifecycle,
+    ModelTargets,
     Target,
     WorkerState,
     target_model,
     target_model_header,
 )
-from inference_server.wsgi._replies import STATUS_LINES, Body, Handler, Reply, Request, close, error_for
+from inference_server.wsgi._replies import (
+    STATUS_LINES,
+    Body,
+    Handler,
+    Invoking,
+    Reply,
+    Request,
+    at_once,
+    close,
+    error_for,
+)
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIEnvironment
 
     from inference_server._multimodel import MultiModel
+    from inference_server._pipeline import Framing
 
 __all__ = ["App", "Backend", "create_app", "warmup"]
 
@@ -61,14 +74,18 @@ QUIET_ROUTES = frozenset(("/ping", "/metrics"))
 _new_request: Callable[[type[Request], tuple[Any, ...]], Request] = tuple.__new__
 
 
+#: A route's handler: a plain one (on a thread), or one that invokes the model (on the event loop on a front).
+Route = Handler | Invoking
+
+
 class Routes:
     """Method handlers by path: exact paths, and patterns whose ``{name}`` segments match one non-empty segment."""
 
     def __init__(self) -> None:
-        self._exact: dict[str, dict[str, Handler]] = {}
-        self._patterns: list[tuple[str, tuple[str, ...], dict[str, Handler]]] = []
+        self._exact: dict[str, dict[str, Route]] = {}
+        self._patterns: list[tuple[str, tuple[str, ...], dict[str, Route]]] = []
 
-    def add(self, path: str, handler: Handler, method: str) -> None:
+    def add(self, path: str, handler: Route, method: str) -> None:
         if "{" not in path:
             self._exact.setdefault(path, {})[method] = handler
             return
@@ -79,7 +96,7 @@ class Routes:
                 return
         self._patterns.append((path, segments, {method: handler}))
 
-    def match(self, path: str) -> tuple[str, dict[str, Handler], dict[str, str]] | None:
+    def match(self, path: str) -> tuple[str, dict[str, Route], dict[str, str]] | None:
         """The route (``path`` or the pattern it matches), its handlers by method and the values of its pattern's
         segments, or None."""
         methods = self._exact.get(path)
@@ -116,22 +133,28 @@ class App:
     def __init__(self, settings: Settings, pm: pluggy.PluginManager, backend: Backend | None = None) -> None:
         self.settings = settings
         self.backend = backend or Backend()
-        self.pipeline = Pipeline(settings, pm)
+        self._tracing = tracing = _tracing.create()
+        #: Where requests are counted (``--metrics``), else None.
+        self.recorder = recorder = metrics.recorder if settings.metrics else None
+        self.pipeline = Pipeline(
+            settings,
+            pm,
+            stage=tracing.stage if tracing is not None else None,
+            timed=recorder.timed if recorder is not None else None,
+        )
         #: The model that ``/invocations`` serves.
         self.target = Target.serving(self.pipeline, settings)
         self.lifecycle = Lifecycle(settings, self.backend)
         #: The models of a multi-model endpoint (``--multi-model``, ``--model-root``), else None.
         self.multi_model = _multi_model(self.pipeline, settings)
-        self._model_targets: dict[tuple[str, bool], Target] = {}
-        #: Where requests are counted (``--metrics``), else None.
-        self.recorder = metrics.recorder if settings.metrics else None
-        if self.recorder is not None:
-            self.recorder.max_models = settings.metrics_max_models
-        self._tracing = _tracing.create()
+        models = self.multi_model
+        self._model_targets = None if models is None else ModelTargets(self.pipeline, models, self.target.batcher)
+        if recorder is not None:
+            recorder.max_models = settings.metrics_max_models
         self._access_log = settings.access_log
         self._edge = self.recorder is not None or settings.access_log or self._tracing is not None
         #: Whether the server can take requests (``/ping``, and the Open Inference Protocol's readiness).
-        self.health = sagemaker.Health(self)
+        self.health = Health(self.lifecycle, self.pipeline, settings)
         self.routes = Routes()
         for protocol in PROTOCOLS:
             protocol.register(self)
@@ -159,28 +182,27 @@ class App:
     def worker(self, worker: WorkerState | None) -> None:
         self.lifecycle.worker = worker
 
-    def route(self, path: str, handler: Handler, method: str = "GET") -> None:
+    def route(self, path: str, handler: Route, method: str = "GET") -> None:
         """Answer ``method`` requests for ``path`` (``{name}`` segments match any one segment) with ``handler``;
-        GET routes answer HEAD too."""
+        GET routes answer HEAD too. A handler that invokes the model is an :class:`Invoking` (on the event loop on a
+        front)."""
         self.routes.add(path, handler, method)
+
+    def read_json(
+        self, environ: WSGIEnvironment, limit: int, example: str = "", empty_ok: bool = False
+    ) -> dict[str, Any]:
+        """A control route's body (at most ``limit`` bytes) as a JSON object, else a 400 saying what is wrong
+        (``example``: what the object looks like); an empty body is ``{}`` when ``empty_ok``."""
+        return read_json_object(environ, limit, self.backend.body, example, empty_ok)
 
     def model(self) -> Any:
         """The loaded model (loading it now if needed)."""
         return self.pipeline.model()
 
     def model_target(self, name: str, target_model: bool = False) -> Target:
-        """What an invocation of the multi-model endpoint's model ``name`` runs: loaded through the model
-        management API, or (``target_model``) SageMaker Runtime's ``TargetModel`` under ``--model-root``; the model
-        loads on first use, within the request's deadline. One per name, kept once its model has loaded (so that
-        names of no model never fill the cache), for at most 10,000 names. Micro-batched as the app's own model is,
-        by the worker's one batcher, which groups inputs of the same model only (its groups are keyed by model)."""
-        assert self.multi_model is not None
-        key = (name, target_model)
-        target = self._model_targets.get(key)
-        if target is None:
-            load = self.multi_model.target_model if target_model else self.multi_model.model
-            target = Target(self.pipeline, functools.partial(self._keep_target, key, load, name), self.target.batcher)
-        return target
+        """What an invocation of the multi-model endpoint's model ``name`` runs (see :class:`ModelTargets`)."""
+        assert self._model_targets is not None
+        return self._model_targets.get(name, target_model)
 
     def invoked(self, request: Request) -> Target:
         """What ``/invocations`` (and SageMaker Runtime's route) runs: the app's model, or the request's ``TargetModel``
@@ -203,13 +225,6 @@ class App:
             )
         request.environ[MODEL] = name
         return self.model_target(name, target_model=True)
-
-    def _keep_target(self, key: tuple[str, bool], load: Callable[[str], Any], name: str) -> Any:
-        """Load model ``name`` and, now that it exists, remember its target."""
-        model = load(name)
-        if key not in self._model_targets and len(self._model_targets) < 10_000:
-            self._model_targets[key] = Target(self.pipeline, functools.partial(load, name), self.target.batcher)
-        return model
 
     def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[codecs.Buffer]:
         """Answer one request; with ``bytes_only=False`` the body items are buffers (an array's own memory).
@@ -326,17 +341,31 @@ class App:
 
     def _dispatch(self, environ: WSGIEnvironment, method: str, request_id: str) -> Reply:
         handler, params = self.resolve(environ, method)
-        return handler(_new_request(Request, (environ, request_id, params)))  # (Request(...) without its frame)
+        request = _new_request(Request, (environ, request_id, params))  # (Request(...) without its frame)
+        if type(handler) is not Invoking:
+            return handler(request)  # type: ignore[operator]
+        status, headers, body = at_once(handler.function(request, functools.partial(self._invoke_now, request)))
+        if type(body) is not list and not isinstance(body, Iterable):  # (a Piecewise may be both: Runtime's)
+            raise TypeError("an invoking route answered with an event loop's stream on the WSGI path")
+        return status, headers, body
 
-    def resolve(self, environ: WSGIEnvironment, method: str) -> tuple[Handler, dict[str, str]]:
+    async def _invoke_now(self, request: Request, target: Target, framing: Framing | None = None) -> Reply:
+        """An invoking route's ``invoke`` on the WSGI path: on this thread, returning without suspending."""
+        return self.lifecycle.invoke(request, target, framing)
+
+    def resolve(
+        self, environ: WSGIEnvironment, method: str, found: tuple[str, dict[str, Route], dict[str, str]] | None = None
+    ) -> tuple[Route, dict[str, str]]:
         """The handler of the request's route and its pattern's values, once the head is checked (the route noted
-        in ``environ``, the request counted in flight); else an HTTP exception (414, 400, 431, 404, 405)."""
+        in ``environ``, the request counted in flight); else an HTTP exception (414, 400, 431, 404, 405).
+        ``found``: what :meth:`Routes.match` gave for the path already (a front's dispatch), not looked up again."""
         path = environ.get("PATH_INFO") or "/"
         if len(path) + len(environ.get("QUERY_STRING", "")) > MAX_URL_BYTES:
             raise URITooLong(f"the path and query are longer than {MAX_URL_BYTES} bytes")
         if self.backend.check_head:
             self._check_head(environ)
-        found = self.routes.match(path)
+        if found is None:
+            found = self.routes.match(path)
         if found is None:
             raise werkzeug.exceptions.NotFound(f"no such path: the routes are {', '.join(self.routes.paths())}")
         route, methods, params = found

@@ -31,14 +31,14 @@ import heapq
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from inference_server import _deadlines, _loop, codecs
 from inference_server._pipeline import Framing, Output, Stream
 from inference_server.errors import GatewayTimeout, HookError, RequestTimeout, ServiceUnavailable
 from inference_server.wsgi._invoke import RECYCLE_GRACE, Lifecycle, StreamFailed, Target
-from inference_server.wsgi._replies import Headers, Request
+from inference_server.wsgi._replies import Headers, Piecewise, Request
 
 logger = logging.getLogger("inference_server")
 
@@ -238,7 +238,7 @@ class AsyncLifecycle:
         with self._busy_lock:
             self._busy -= 1
 
-    async def invoke(self, request: Request, target: Target, read: Reader, framing: Framing | None = None) -> Reply:
+    async def invoke(self, request: Request, target: Target, framing: Framing | None = None, *, read: Reader) -> Reply:
         """Answer one invocation of ``target``: 200 and the encoded prediction (its body a list of buffers, or
         :class:`Chunks` for a stream), or an exception for the app to answer (503 while draining, 408, 504, the
         hooks' own)."""
@@ -318,8 +318,10 @@ class AsyncLifecycle:
         work.stage = _deadlines.WAITING
         if target.model == pipeline.model:
             model = pipeline.model()  # (loaded before the worker serves)
-        else:  # a model of a multi-model endpoint, which may load now
-            model = await asyncio.wrap_future(self._helpers.submit(contextvars.copy_context().run, target.model))
+        else:  # a model of a multi-model endpoint, which may load now (on a helper thread: it may take long)
+            model = target.at_hand() if target.at_hand is not None else None
+            if model is None:
+                model = await asyncio.wrap_future(self._helpers.submit(contextvars.copy_context().run, target.model))
         content_type = environ.get("CONTENT_TYPE") or (self.lifecycle.no_content_type() if framing is None else "")
         accept = environ.get("HTTP_ACCEPT") or "*/*"
         output: Output
@@ -377,7 +379,7 @@ class AsyncLifecycle:
 Reply = tuple[int, Headers, "list[codecs.Buffer] | Chunks"]
 
 
-class Chunks(AsyncIterator[codecs.Buffer]):
+class Chunks(Piecewise):
     """A streamed answer's chunks, each made when the front asks for the next: a sync generator's on a model
     thread, an async generator's on the loop; with ``--stream-timeout``, the whole stream has a deadline
     (:class:`StreamFailed` past it). :meth:`aclose` (the last chunk sent, or the client gone) closes the model's

@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from inference_server import _logging, _loop, codecs
 from inference_server.errors import BadRequest, HTTPError, LengthRequired, PayloadTooLarge, RequestTimeout
-from inference_server.wsgi._app import HEAD_BYTES, App, answered, request_id_of
-from inference_server.wsgi._async import AsyncLifecycle, Chunks
+from inference_server.wsgi._app import HEAD_BYTES, App, Route, answered, request_id_of
+from inference_server.wsgi._async import AsyncLifecycle
 from inference_server.wsgi._body import _RAISE, _USE_CONTENT_LENGTH, BODY_BYTES, declared_length
 from inference_server.wsgi._invoke import StreamFailed
-from inference_server.wsgi._replies import PIECE, Body, Request, close, error_for
+from inference_server.wsgi._replies import PIECE, Body, Invoking, Piecewise, Request, close, error_for
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import WSGIEnvironment
@@ -140,27 +140,30 @@ class Front:
         if not _loop.on_loop():
             _loop.adopt(asyncio.get_running_loop())
         environ = exchange.environ
-        if environ["REQUEST_METHOD"] == "POST" and environ["PATH_INFO"] == "/invocations":
-            return self._invocation(exchange)
+        found = self.app.routes.match(environ["PATH_INFO"] or "/")
+        if found is not None and type(found[1].get(environ["REQUEST_METHOD"])) is Invoking:
+            return self._invocation(exchange, found)
         return self._bridged(exchange)
 
-    async def _invocation(self, exchange: Exchange) -> None:
-        """``POST /invocations`` on the loop: the app's checks and edge, the lifecycle on the loop."""
+    async def _invocation(self, exchange: Exchange, found: tuple[str, dict[str, Route], dict[str, str]]) -> None:
+        """A route that invokes the model (``POST /invocations``, SageMaker Runtime's, ``/models/{name}/invoke``,
+        v2's ``infer``) on the loop: the app's checks and edge, the lifecycle on the loop."""
         app, environ = self.app, exchange.environ
         started = time.perf_counter()
         request_id = request_id_of(environ)
         _logging.REQUEST.set((request_id, environ.get("HTTP_X_AMZN_SAGEMAKER_INFERENCE_ID")))  # (this task's own)
         tracing = app.tracing
         span = tracing.request(environ, request_id) if tracing is not None else None
-        body: list[codecs.Buffer] | Chunks
+        body: Iterable[codecs.Buffer] | Piecewise
         try:
-            app.resolve(environ, "POST")
-            request = Request(environ, request_id, {})
+            handler, params = app.resolve(environ, "POST", found)
+            assert type(handler) is Invoking
+            request = Request(environ, request_id, params)
             read = functools.partial(read_body, exchange)
-            status, headers, body = await self.lifecycle.invoke(request, app.invoked(request), read)
+            invoke = functools.partial(self.lifecycle.invoke, request, read=read)
+            status, headers, body = await handler.function(request, invoke)
         except Exception as exc:
-            status, headers, items = error_for(exc, request_id, environ, app.settings.debug)
-            body = list(items)
+            status, headers, body = error_for(exc, request_id, environ, app.settings.debug)
         answered(headers, environ, request_id)
         sent = 0
         try:
@@ -169,6 +172,8 @@ class Front:
             if span is not None:
                 span.detach()
             if app.edge:
+                if not sent and isinstance(body, Piecewise):  # (a stream cut mid-way: what it sent until then)
+                    sent = body.sent
                 record = app.record(environ, "POST", status, headers, started, sent or None)
                 app.finish(record, environ, request_id, span)
 
@@ -279,12 +284,17 @@ async def read_body(exchange: Exchange, limit: int | None) -> bytearray:
 
 
 async def send_answer(
-    exchange: Exchange, status: int, headers: list[tuple[str, str]], body: list[codecs.Buffer] | Chunks, request_id: str
+    exchange: Exchange,
+    status: int,
+    headers: list[tuple[str, str]],
+    body: Iterable[codecs.Buffer] | Piecewise,
+    request_id: str,
 ) -> int:
     """Send an answer; the bytes of its body sent. A large whole answer goes in pieces of :data:`PIECE` bytes. A
     stream is closed once sent or once its client is gone; one that cannot go on raises :class:`StreamFailed` to the
     front (which ends the connection without the chunked coding's last chunk where its server can)."""
-    if not isinstance(body, Chunks):
+    if not isinstance(body, Piecewise):
+        body = body if type(body) is list else list(body)
         if len(body) == 1 and type(body[0]) is bytes:
             await exchange.answer(status, headers, body[0])
             return len(body[0])
@@ -301,8 +311,8 @@ async def send_answer(
                     return size  # (the client went away)
         await exchange.end()
         return size
-    await exchange.start(status, headers)
     try:
+        await exchange.start(status, headers)
         async for chunk in body:
             if not await exchange.send(_as_bytes(chunk)):
                 break  # the client went away: the generator is closed below

@@ -9,6 +9,7 @@ answer (leaving the drain's count) runs when the server closes that body, so tha
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 import threading
@@ -25,6 +26,8 @@ from inference_server.wsgi._replies import HAND_OVER, Body, Reply, Request, clos
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import WSGIEnvironment
+
+    from inference_server._multimodel import MultiModel
 
 logger = logging.getLogger("inference_server")
 
@@ -95,11 +98,14 @@ class WorkerState(Protocol):
 
 @dataclasses.dataclass(frozen=True)
 class Target:
-    """What a request invokes: a pipeline, its model (``model()`` loads it on first use) and its batcher, if any."""
+    """What a request invokes: a pipeline, its model (``model()`` loads it on first use) and its batcher, if any;
+    for a model that may load while requests wait (of a multi-model endpoint), ``at_hand()``: the model when it is
+    loaded, else None, without waiting (what the event loop asks before it hands ``model()`` to a thread)."""
 
     pipeline: Pipeline
     model: Callable[[], Any]
     batcher: batching.Batcher | None = None
+    at_hand: Callable[[], Any] | None = None
 
     @classmethod
     def serving(cls, pipeline: Pipeline, settings: Settings) -> Target:
@@ -110,6 +116,53 @@ class Target:
             batching.Batcher.for_hooks(options, pipeline.pm, pipeline.predict, recorder) if options.enabled else None
         )
         return cls(pipeline, pipeline.model, batcher)
+
+
+class ModelTargets:
+    """The targets of a multi-model endpoint's models, by name: loaded through the model management API, or
+    (``target_model``) SageMaker Runtime's ``TargetModel`` under ``--model-root``; each model loads on first use,
+    within its request's deadline. One target per name is kept once its model has loaded (so that names of no model
+    never fill the cache), for at most 10,000 names. Micro-batched as the app's own model is, by the worker's one
+    batcher, which groups inputs of the same model only (its groups are keyed by model)."""
+
+    def __init__(self, pipeline: Pipeline, models: MultiModel, batcher: batching.Batcher | None) -> None:
+        self._pipeline = pipeline
+        self._models = models
+        self._batcher = batcher
+        self._kept: dict[tuple[str, bool], Target] = {}
+
+    def get(self, name: str, target_model: bool = False) -> Target:
+        """What an invocation of model ``name`` runs."""
+        key = (name, target_model)
+        target = self._kept.get(key)
+        if target is None:  # (kept by whichever finds its model first: the loop asks at_hand, a thread model())
+            return Target(
+                self._pipeline, functools.partial(self._keep, key), self._batcher, functools.partial(self._found, key)
+            )
+        return target
+
+    def _load(self, name: str, target_model: bool) -> Any:
+        return self._models.target_model(name) if target_model else self._models.model(name)
+
+    def _keep(self, key: tuple[str, bool]) -> Any:
+        """Load the model of ``key`` and, now that it exists, keep its target."""
+        model = self._load(*key)
+        self._kept_target(key)
+        return model
+
+    def _found(self, key: tuple[str, bool]) -> Any:
+        """The model of ``key`` if it is at hand (its target kept, now that it exists), else None."""
+        model = self._models.at_hand(*key)
+        if model is not None:
+            self._kept_target(key)
+        return model
+
+    def _kept_target(self, key: tuple[str, bool]) -> None:
+        if key not in self._kept and len(self._kept) < 10_000:
+            model = functools.partial(self._load, *key)
+            self._kept[key] = Target(
+                self._pipeline, model, self._batcher, functools.partial(self._models.at_hand, *key)
+            )
 
 
 def batching_options(pipeline: Pipeline, settings: Settings) -> batching.Options:
@@ -281,6 +334,38 @@ class Lifecycle:
                 ", ".join(codecs.media_types()),
             )
         return content_type
+
+
+#: Seconds ``ping_fn`` (and the model check) may take before /ping answers 503; SageMaker waits 2 s in all.
+PING_TIMEOUT = 1.0
+
+
+class Health:
+    """Whether the server can take requests: what ``/ping`` (and the Open Inference Protocol's readiness) say."""
+
+    def __init__(self, lifecycle: Lifecycle, pipeline: Pipeline, settings: Settings) -> None:
+        self._lifecycle = lifecycle
+        self._pipeline = pipeline
+        self._multi_model = settings.multi_model
+        self._pings = _deadlines.Pool("ping")
+
+    def unready(self) -> str | None:
+        """Why the server cannot serve now (draining, the model failed to load, ``ping_fn`` said no or took longer
+        than PING_TIMEOUT), or None when it can. With several models the server is up with none loaded."""
+        worker = self._lifecycle.worker
+        if worker is not None and worker.draining:
+            return "the server is shutting down"
+        if self._pings.overrunning:
+            logger.warning("Ping: an earlier check has been running for over %s s; answering 503", PING_TIMEOUT)
+            return f"an earlier health check has been running for over {PING_TIMEOUT} s"
+        if self._multi_model:
+            return None  # up: the models are loaded through /models, each on its own
+        deadline = time.monotonic() + PING_TIMEOUT
+        try:
+            return self._pings.run(self._pipeline.unhealthy, lambda: deadline)  # type: ignore[no-any-return]
+        except _deadlines.TimedOut:
+            logger.warning("Ping: the model check took longer than %s s; answering 503", PING_TIMEOUT)
+            return f"the health check (ping_fn) took longer than {PING_TIMEOUT} s"
 
 
 def _batched(

@@ -6,8 +6,8 @@ from __future__ import annotations
 import http
 import logging
 import traceback
-from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING, Any, NamedTuple
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import orjson
 import werkzeug.exceptions
@@ -17,6 +17,9 @@ from inference_server.errors import HookError, HTTPError
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import WSGIEnvironment
+
+    from inference_server._pipeline import Framing
+    from inference_server.wsgi._invoke import Target
 
 logger = logging.getLogger("inference_server")
 
@@ -49,6 +52,47 @@ class Request(NamedTuple):
 
 
 Handler = Callable[[Request], Reply]
+
+
+class Piecewise(AsyncIterator[codecs.Buffer]):
+    """An answer made as the event loop sends it: its chunks as they come, the bytes made so far, and :meth:`aclose`
+    once the last is sent or the client is gone (what the front calls, whatever happened)."""
+
+    sent = 0
+
+    async def aclose(self) -> None:
+        """Stop making the answer (once): its maker's cleanup runs."""
+
+
+#: What an invoking route answers: a :data:`Reply`, or on the event loop one whose body is made as it is sent.
+Answer = tuple[int, Headers, "Iterable[codecs.Buffer] | Piecewise"]
+
+
+class Invoke(Protocol):
+    """What an invoking route is handed: the lifecycle's invocation of ``target`` for its request (the body read,
+    the deadline, drain, model slot, micro-batching). A protocol's ``framing`` decodes the body and encodes the
+    answer in place of ``input_fn`` and ``output_fn``."""
+
+    def __call__(self, target: Target, framing: Framing | None = None) -> Awaitable[Answer]: ...
+
+
+class Invoking(NamedTuple):
+    """A route that invokes the model, written once for both request paths: ``function(request, invoke)`` is a
+    coroutine function that awaits nothing but ``invoke``. An event-loop front awaits it on the loop; the WSGI app
+    runs it to its end at once (:func:`at_once`), its ``invoke`` being the thread's own, which never suspends."""
+
+    function: Callable[[Request, Invoke], Coroutine[Any, Any, Answer]]
+
+
+def at_once(coroutine: Coroutine[Any, Any, Answer]) -> Answer:
+    """The answer of an invoking route's coroutine that finishes without suspending (under WSGI); a RuntimeError if
+    it suspends (it awaited something other than its ``invoke``)."""
+    try:
+        coroutine.send(None)
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
+    coroutine.close()
+    raise RuntimeError("an invoking route awaited something other than its invoke on the WSGI path")
 
 
 class Body:
@@ -144,14 +188,41 @@ def json_reply(status: int, value: Any, headers: Headers | None = None) -> Reply
     return status, [("Content-Type", "application/json"), ("Content-Length", str(len(body))), *(headers or [])], [body]
 
 
-def error_for(exc: Exception, request_id: str, environ: WSGIEnvironment, debug: bool = False) -> Reply:
-    """The reply for an exception: HTTP exceptions keep their status; anything else is a 500, logged in full.
+class Problem(NamedTuple):
+    """What went wrong with a request, before a protocol writes it: SageMaker's routes as JSON (:meth:`reply`),
+    SageMaker Runtime as a 424 ``ModelError`` around that JSON, the Open Inference Protocol as ``{"error"}``."""
+
+    status: int
+    #: What went wrong (None only for a werkzeug exception made without a description).
+    message: str | None
+    request_id: str
+    #: Headers the answer must carry whatever its protocol (405's ``Allow``, 503's ``Retry-After``).
+    headers: Headers
+    #: With ``--debug``, the traceback of a 500's cause.
+    traceback: str | None = None
+
+    def reply(self) -> Reply:
+        """The problem as the SageMaker routes answer it: ``{"message", "request_id", "status"}`` (and
+        ``"traceback"`` with ``--debug``)."""
+        answer: dict[str, Any] = {"message": self.message, "request_id": self.request_id, "status": self.status}
+        if self.traceback is not None:
+            answer["traceback"] = self.traceback
+        return json_reply(self.status, answer, list(self.headers))
+
+
+def problem_for(exc: Exception, request_id: str, environ: WSGIEnvironment, debug: bool = False) -> Problem:
+    """The problem an exception is: HTTP exceptions keep their status and message; anything else is a 500, logged
+    in full.
 
     The 500's message names the failing hook and its exception's class, never the exception's message or traceback
     (they may hold request data) unless ``debug``.
     """
-    if isinstance(exc, (HTTPError, werkzeug.exceptions.HTTPException)):
-        return error_reply(exc, request_id)
+    if isinstance(exc, werkzeug.exceptions.HTTPException):  # werkzeug's own may carry headers (405's Allow)
+        status = exc.code or 500
+        headers = [(k, v) for k, v in exc.get_headers() if k.lower() != "content-type"]
+        return Problem(status, exc.description, request_id, headers)
+    if isinstance(exc, HTTPError):
+        return Problem(exc.code or 500, exc.description, request_id, list(getattr(exc, "headers", ())))
     where = f"{environ['REQUEST_METHOD']} {environ.get('PATH_INFO')}"
     if isinstance(exc, HookError):
         logger.error("Request %s %s: %s", request_id, where, exc.summary, exc_info=exc.error)
@@ -159,18 +230,12 @@ def error_for(exc: Exception, request_id: str, environ: WSGIEnvironment, debug: 
     else:
         logger.error("Request %s %s failed", request_id, where, exc_info=exc)
         message, cause = f"the server failed ({type(exc).__name__}); see the server log for request {request_id}", exc
-    answer: dict[str, Any] = {"message": message, "request_id": request_id, "status": 500}
-    if debug:
-        answer["message"] = f"{message}: {type(cause).__name__}: {cause}"
-        answer["traceback"] = "".join(traceback.format_exception(cause))
-    return json_reply(500, answer)
+    if not debug:
+        return Problem(500, message, request_id, [])
+    details = "".join(traceback.format_exception(cause))
+    return Problem(500, f"{message}: {type(cause).__name__}: {cause}", request_id, [], details)
 
 
-def error_reply(exc: HTTPError | werkzeug.exceptions.HTTPException, request_id: str) -> Reply:
-    status = exc.code or 500
-    _, headers, body = json_reply(status, {"message": exc.description, "request_id": request_id, "status": status})
-    if isinstance(exc, werkzeug.exceptions.HTTPException):  # werkzeug's own may carry headers (405's Allow)
-        headers.extend((k, v) for k, v in exc.get_headers() if k.lower() != "content-type")
-    else:
-        headers.extend(getattr(exc, "headers", ()))
-    return status, headers, body
+def error_for(exc: Exception, request_id: str, environ: WSGIEnvironment, debug: bool = False) -> Reply:
+    """The SageMaker routes' reply for an exception (see :func:`problem_for`)."""
+    return problem_for(exc, request_id, environ, debug).reply()

@@ -16,13 +16,12 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from inference_server.errors import BadRequest
-from inference_server.wsgi._body import read_json_object
 from inference_server.wsgi._invoke import MODEL
-from inference_server.wsgi._replies import Reply, Request, json_reply
+from inference_server.wsgi._replies import Answer, Invoke, Invoking, Reply, Request, json_reply
 
 if TYPE_CHECKING:
     from inference_server._multimodel import MultiModel
-    from inference_server.wsgi._app import App
+    from inference_server.wsgi._service import Service
 
 logger = logging.getLogger("inference_server")
 
@@ -30,7 +29,7 @@ logger = logging.getLogger("inference_server")
 _MAX_LOAD_BODY = 1 << 16
 
 
-def register(app: App) -> None:
+def register(app: Service) -> None:
     """Add the model management API to ``app`` when it serves several models."""
     models = app.multi_model
     if models is None or not app.settings.multi_model:
@@ -40,17 +39,17 @@ def register(app: App) -> None:
     app.route("/models", handlers.load, "POST")
     app.route("/models/{name}", handlers.describe)
     app.route("/models/{name}", handlers.unload, "DELETE")
-    app.route("/models/{name}/invoke", handlers.invoke, "POST")
+    app.route("/models/{name}/invoke", Invoking(handlers.invoke), "POST")
 
 
 class _Handlers:
-    def __init__(self, app: App, models: MultiModel) -> None:
+    def __init__(self, app: Service, models: MultiModel) -> None:
         self.app = app
         self.models = models
 
     def load(self, request: Request) -> Reply:
         example = '{"model_name": "...", "url": "/opt/ml/models/..."}'
-        fields = read_json_object(request.environ, _MAX_LOAD_BODY, self.app.backend.body, example=example)
+        fields = self.app.read_json(request.environ, _MAX_LOAD_BODY, example=example)
         name, url = (_text(fields, field) for field in ("model_name", "url"))
         self.models.load(name, url)
         return json_reply(200, {"status": f"Model {name!r} loaded"})
@@ -67,10 +66,10 @@ class _Handlers:
         self.models.unload(name)
         return json_reply(200, {"status": f"Model {name!r} unloaded"})
 
-    def invoke(self, request: Request) -> Reply:
+    async def invoke(self, request: Request, invoke: Invoke) -> Answer:
         name = request.params["name"]
         request.environ[MODEL] = name
-        return self.app.lifecycle.invoke(request, self.app.model_target(name))
+        return await invoke(self.app.model_target(name))
 
 
 def _text(fields: dict[str, Any], field: str) -> str:

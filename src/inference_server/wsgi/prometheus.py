@@ -11,10 +11,10 @@ from inference_server import metrics
 from inference_server.wsgi._replies import Reply, Request
 
 if TYPE_CHECKING:
-    from inference_server.wsgi._app import App
+    from inference_server.wsgi._service import Service
 
 
-def register(app: App) -> None:
+def register(app: Service) -> None:
     """Add ``GET /metrics`` to ``app`` unless its metrics are off (``--no-metrics``)."""
     if app.recorder is not None:
         app.route(metrics.ROUTE, scrape)

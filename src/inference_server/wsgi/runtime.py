@@ -8,6 +8,7 @@ Serving it lets the real clients talk to a local server (``AWS_ENDPOINT_URL_SAGE
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
@@ -15,43 +16,53 @@ from typing import TYPE_CHECKING
 from inference_server import codecs
 from inference_server.wsgi import _eventstream
 from inference_server.wsgi._invoke import StreamFailed
-from inference_server.wsgi._replies import Reply, Request, close, error_for, json_reply
+from inference_server.wsgi._replies import (
+    PIECE,
+    Answer,
+    Invoke,
+    Invoking,
+    Piecewise,
+    Request,
+    close,
+    json_reply,
+    problem_for,
+)
 
 if TYPE_CHECKING:
-    from inference_server.wsgi._app import App
+    from inference_server.wsgi._service import Service
 
 logger = logging.getLogger("inference_server")
 
 
-def register(app: App) -> None:
+def register(app: Service) -> None:
     """Add the runtime's routes to ``app``."""
 
-    def invocations(request: Request) -> Reply:
+    async def invocations(request: Request, invoke: Invoke) -> Answer:
         """``/invocations`` as SageMaker Runtime answers it: a container error becomes 424 ``ModelError``; a
         ``TargetModel`` refused before any model is involved is SageMaker Runtime's own 400, as its ValidationError."""
         invoked = app.invoked(request)
         try:
-            status, headers, body = app.lifecycle.invoke(request, invoked)
+            status, headers, body = await invoke(invoked)
         except Exception as exc:
-            status, headers, body = error_for(exc, request.request_id, request.environ, app.settings.debug)
-        if status < 400:
+            problem = problem_for(exc, request.request_id, request.environ, app.settings.debug)
+        else:
             headers.append(("X-Amzn-Invoked-Production-Variant", "AllTraffic"))
             return status, headers, body
-        original = b"".join(bytes(chunk) for chunk in body).decode(errors="replace")
-        close(body)
-        kind = "client" if status < 500 else "server"
+        # the container's answer, as SageMaker Runtime quotes it
+        original = b"".join(bytes(chunk) for chunk in problem.reply()[2]).decode()
+        kind = "client" if problem.status < 500 else "server"
         return json_reply(
             424,
             {
                 "ErrorCode": f"{kind.upper()}_ERROR_FROM_MODEL",
-                "OriginalStatusCode": status,
+                "OriginalStatusCode": problem.status,
                 "OriginalMessage": original,
-                "Message": f'Received {kind} error ({status}) from model with message "{original}".',
+                "Message": f'Received {kind} error ({problem.status}) from model with message "{original}".',
             },
             [("x-amzn-ErrorType", "ModelError")],
         )
 
-    def response_stream(request: Request) -> Reply:
+    async def response_stream(request: Request, invoke: Invoke) -> Answer:
         """``InvokeEndpointWithResponseStream``: the answer as SageMaker Runtime sends it, each chunk a ``PayloadPart``
         event of the ``application/vnd.amazon.eventstream`` framing (see :mod:`._eventstream`), the model's media
         type in ``X-Amzn-SageMaker-Content-Type``; a stream that fails goes on with a ``ModelStreamError`` event and
@@ -59,7 +70,7 @@ def register(app: App) -> None:
         environ = request.environ
         # the model's answer's media type comes as X-Amzn-SageMaker-Accept (Accept is about the framing)
         environ["HTTP_ACCEPT"] = environ.get("HTTP_X_AMZN_SAGEMAKER_ACCEPT") or "*/*"
-        status, headers, body = invocations(request)
+        status, headers, body = await invocations(request, invoke)
         if status >= 400:
             return status, headers, body
         media_type = next((value for key, value in headers if key == "Content-Type"), "application/octet-stream")
@@ -71,28 +82,81 @@ def register(app: App) -> None:
             framed,
         )
 
-    app.route("/endpoints/{name}/invocations", invocations, "POST")
-    app.route("/endpoints/{name}/invocations-response-stream", response_stream, "POST")
+    app.route("/endpoints/{name}/invocations", Invoking(invocations), "POST")
+    app.route("/endpoints/{name}/invocations-response-stream", Invoking(response_stream), "POST")
 
 
-class _EventStream:
-    """A body's chunks as ``PayloadPart`` events; a failed stream's end as a ``ModelStreamError`` event."""
+class _EventStream(Piecewise):
+    """A body's chunks as ``PayloadPart`` events, made one at a time as the server asks for them; a failed stream's
+    end as a ``ModelStreamError`` event. Under WSGI an iterator whose ``close()`` closes the body; on the event loop
+    a :class:`~inference_server.wsgi._replies.Piecewise` over a whole answer or a stream, an event of a chunk over
+    :data:`~inference_server.wsgi._replies.PIECE` bytes framed on a helper thread (copying and checksumming 16 MiB
+    would hold the loop)."""
 
-    def __init__(self, body: Iterable[codecs.Buffer], request_id: str) -> None:
+    def __init__(self, body: Iterable[codecs.Buffer] | Piecewise, request_id: str) -> None:
         self._body = body
         self._request_id = request_id
+        self._chunks: Iterator[codecs.Buffer] | None = None  # a whole answer's, on the loop
+        self._events: Iterator[bytes] | None = None  # the events of the chunk being sent, on the loop
+        self._large = False
+        self._ended = False
 
     def __iter__(self) -> Iterator[bytes]:
+        assert not isinstance(self._body, Piecewise)
         try:
             for chunk in self._body:
                 yield from _eventstream.payload_parts(chunk)
-        except StreamFailed as exc:
-            yield _eventstream.model_stream_error(exc.message, exc.code)
-        except Exception:  # our bug: SageMaker Runtime's own failure event says so
-            logger.exception("Request %s: the response stream failed", self._request_id)
-            yield _eventstream.internal_stream_failure(
-                f"the server failed; see the server log for request {self._request_id}"
-            )
+        except Exception as exc:
+            yield _failure(exc, self._request_id)
 
     def close(self) -> None:
-        close(self._body)
+        if not isinstance(self._body, Piecewise):
+            close(self._body)
+
+    async def __anext__(self) -> bytes:
+        while not self._ended:
+            events = self._events
+            if events is not None:
+                event = await asyncio.to_thread(next, events, None) if self._large else next(events, None)
+                if event is not None:
+                    self.sent += len(event)
+                    return event
+                self._events = None
+            try:
+                chunk = await self._next_chunk()
+            except StopAsyncIteration:
+                self._ended = True
+                break
+            except Exception as exc:
+                self._ended = True
+                event = _failure(exc, self._request_id)
+                self.sent += len(event)
+                return event
+            self._large = memoryview(chunk).nbytes > PIECE
+            self._events = _eventstream.payload_parts(chunk)
+        raise StopAsyncIteration
+
+    async def _next_chunk(self) -> codecs.Buffer:
+        body = self._body
+        if isinstance(body, Piecewise):
+            return await body.__anext__()
+        if self._chunks is None:
+            self._chunks = iter(body)
+        chunk = next(self._chunks, None)
+        if chunk is None:
+            raise StopAsyncIteration
+        return chunk
+
+    async def aclose(self) -> None:
+        if isinstance(self._body, Piecewise):
+            await self._body.aclose()
+        else:
+            close(self._body)
+
+
+def _failure(exc: Exception, request_id: str) -> bytes:
+    """The event that ends a failed stream: the model's ``ModelStreamError``, or SageMaker Runtime's own failure."""
+    if isinstance(exc, StreamFailed):
+        return _eventstream.model_stream_error(exc.message, exc.code)
+    logger.error("Request %s: the response stream failed", request_id, exc_info=exc)  # our bug
+    return _eventstream.internal_stream_failure(f"the server failed; see the server log for request {request_id}")

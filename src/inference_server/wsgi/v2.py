@@ -25,10 +25,8 @@ from __future__ import annotations
 import functools
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
-
-import orjson
 
 from inference_server import _plugins
 from inference_server._multimodel import check_name
@@ -36,13 +34,12 @@ from inference_server._pipeline import Output
 from inference_server._version import __version__
 from inference_server.codecs import v2
 from inference_server.errors import BadRequest, HookError, NotFound, ServiceUnavailable
-from inference_server.wsgi._body import read_json_object
 from inference_server.wsgi._invoke import MODEL, Target
-from inference_server.wsgi._replies import Reply, Request, close, error_for, json_reply
+from inference_server.wsgi._replies import Answer, Invoke, Invoking, Reply, Request, json_reply, problem_for
 
 if TYPE_CHECKING:
     from inference_server._multimodel import MultiModel
-    from inference_server.wsgi._app import App
+    from inference_server.wsgi._service import Service
 
 logger = logging.getLogger("inference_server")
 
@@ -61,7 +58,7 @@ _ON_OTHER_DATA = (TypeError, AttributeError, KeyError, IndexError, ValueError)
 _HOW_TO = 'docs/how-to/v2.md, "A model written for /invocations"'
 
 
-def register(app: App) -> None:
+def register(app: Service) -> None:
     """Add the protocol's routes to ``app`` (unless ``--no-v2``)."""
     if not app.settings.v2:
         return
@@ -73,30 +70,41 @@ def register(app: App) -> None:
     for base in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):
         route(base, handlers.model_metadata)
         route(f"{base}/ready", handlers.model_ready)
-        route(f"{base}/infer", handlers.infer, "POST")
+        app.route(f"{base}/infer", Invoking(functools.partial(_answered_invoking, app, handlers.infer)), "POST")
     if handlers.models is not None:
         route("/v2/repository/index", handlers.index, "POST")
         route("/v2/repository/models/{name}/load", handlers.load, "POST")
         route("/v2/repository/models/{name}/unload", handlers.unload, "POST")
 
 
-def _route(app: App, path: str, handler: Callable[[Request], Reply], method: str = "GET") -> None:
+def _route(app: Service, path: str, handler: Callable[[Request], Reply], method: str = "GET") -> None:
     """Add a route whose errors are answered as the protocol says: ``{"error": "..."}``."""
     app.route(path, functools.partial(_answered, app, handler), method)
 
 
-def _answered(app: App, handler: Callable[[Request], Reply], request: Request) -> Reply:
+def _answered(app: Service, handler: Callable[[Request], Reply], request: Request) -> Reply:
     try:
         return handler(request)
     except Exception as exc:  # (HTTP errors keep their status)
-        status, headers, body = error_for(exc, request.request_id, request.environ, app.settings.debug)
-    message = orjson.loads(b"".join(bytes(chunk) for chunk in body)).get("message", "")
-    close(body)
-    kept = [(name, value) for name, value in headers if name not in ("Content-Type", "Content-Length")]
-    return json_reply(status, {"error": message}, kept)
+        return _error(app, request, exc)
 
 
-def model_name(app: App) -> str:
+async def _answered_invoking(
+    app: Service, handler: Callable[[Request, Invoke], Awaitable[Answer]], request: Request, invoke: Invoke
+) -> Answer:
+    try:
+        return await handler(request, invoke)
+    except Exception as exc:  # (HTTP errors keep their status)
+        return _error(app, request, exc)
+
+
+def _error(app: Service, request: Request, exc: Exception) -> Reply:
+    """``exc`` answered as the protocol says: ``{"error": "..."}`` with the status and headers it would have."""
+    problem = problem_for(exc, request.request_id, request.environ, app.settings.debug)
+    return json_reply(problem.status, {"error": problem.message}, problem.headers)
+
+
+def model_name(app: Service) -> str:
     """The one model's name: ``--model-name``, else the plugin that implements ``predict_fn`` or ``model_fn`` (a
     script by its file's name), else ``model``."""
     if app.settings.model_name:
@@ -104,14 +112,14 @@ def model_name(app: App) -> str:
     if app.pipeline.script is not None:
         return os.path.splitext(os.path.basename(app.pipeline.script))[0]
     for hook in ("predict_fn", "model_fn"):
-        for name in _plugins.providers(app.pm, hook):
+        for name in _plugins.providers(app.pipeline.pm, hook):
             if name != _plugins.DEFAULTS_NAME:
                 return name
     return "model"
 
 
 class _Handlers:
-    def __init__(self, app: App) -> None:
+    def __init__(self, app: Service) -> None:
         self.app = app
         #: The models of a multi-model endpoint, by name; else None (one model, :attr:`name`).
         self.models: MultiModel | None = app.multi_model if app.settings.multi_model else None
@@ -165,11 +173,11 @@ class _Handlers:
         return self.app.model_target(name)
 
     # -- inference -----------------------------------------------------------------------------------------------
-    def infer(self, request: Request) -> Reply:
+    async def infer(self, request: Request, invoke: Invoke) -> Answer:
         target = self._target(request)
         framing = Framing(self.app, request.params["name"], request.environ)
         try:
-            return self.app.lifecycle.invoke(request, target, framing)
+            return await invoke(target, framing)
         except HookError as exc:
             explained = framing.explained(exc)
             if explained is exc:
@@ -206,7 +214,7 @@ class _Handlers:
         return json_reply(200, {})
 
     def _fields(self, request: Request) -> dict[str, Any]:
-        return read_json_object(request.environ, _MAX_REPOSITORY_BODY, self.app.backend.body, empty_ok=True)
+        return self.app.read_json(request.environ, _MAX_REPOSITORY_BODY, empty_ok=True)
 
 
 class Framing:
@@ -216,7 +224,7 @@ class Framing:
 
     stages = ("decoding the v2 request", "predict_fn", "encoding the v2 response")
 
-    def __init__(self, app: App, name: str, environ: Any) -> None:
+    def __init__(self, app: Service, name: str, environ: Any) -> None:
         self._app = app
         self._name = name
         self._environ = environ
@@ -273,10 +281,10 @@ def _check_inputs(declared: list[dict[str, Any]] | None, request: v2.InferenceRe
             raise BadRequest(f"input {name!r} has shape {list(shape)}, but the model takes {list(wanted)}")
 
 
-def _signature(app: App, model: Any) -> dict[str, Any]:
+def _signature(app: Service, model: Any) -> dict[str, Any]:
     """The ``model_metadata`` hook's answer for ``model``, or no tensors; an answer that is not a signature is the
     hook's error (a 500 saying what is wrong with it, in the log too)."""
-    metadata = app.pm.hook.model_metadata(model=model)
+    metadata = app.pipeline.pm.hook.model_metadata(model=model)
     if metadata is None:
         return {}
     problem = _signature_problem(metadata)
