@@ -30,7 +30,8 @@ uvloop is not a dependency of the project: ``--loop uvloop`` installs it on firs
 ``benchmarks/.venv-uvloop`` (a ``pip install --target`` folder, not a virtualenv), put on the ``PYTHONPATH`` of the
 event-loop contenders only, so that .venv (the tests' install) stays as it is.
 
-``--baseline REV`` adds "ours@REV": ours on granian (its default interface then) from the tree of commit ``REV``,
+``--baseline REV`` adds "ours@REV" and "ours@REV gunicorn": ours on granian (its default interface then) and on
+gunicorn from the tree of commit ``REV``,
 exported with ``git archive`` into ``/tmp/inference-server-COMMIT/src`` (reused by later runs) and put first on
 ``PYTHONPATH``, ahead of .venv's editable install of today's tree (a plain path in a ``.pth`` file): today's
 ``main`` side by side with an old one, issue 39's ">= 1.0x" target. The script checks that the contender imports
@@ -250,6 +251,7 @@ def contenders(
         if (found := imported_from(old)) != src / "inference_server":
             raise RuntimeError(f"ours@{baseline} would import inference_server from {found}, not from {src}")
         chosen[f"ours@{baseline}"] = (f"{ours} --server granian", old, "/ping")
+        chosen[f"ours@{baseline} gunicorn"] = (f"{ours} --server gunicorn", old, "/ping")
     return chosen
 
 

@@ -50,6 +50,8 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     # protocol modules import the lifecycle, never each other (nor the app that lists them)
     **{protocol: (f"{WSGI}._app", *(other for other in PROTOCOLS if other != protocol)) for protocol in PROTOCOLS},
     f"{WSGI}._invoke": (f"{WSGI}._app", *PROTOCOLS),
+    # the lifecycle on the loop, and gunicorn's thread waiting for it, know no protocol and no app
+    **{module: (f"{WSGI}._app", *PROTOCOLS) for module in (f"{WSGI}._async", f"{WSGI}._onloop")},
     f"{OURS}.transform": (WSGI, f"{OURS}.server", f"{OURS}.cli", *SERVERS),
     # what every engine runs a file with lies below the engines and below the planning of tasks they share
     f"{OURS}.transform.job": (*ENGINES, f"{OURS}.transform.tasks"),

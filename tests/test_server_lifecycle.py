@@ -193,13 +193,14 @@ def test_a_request_stuck_past_its_timeout_has_its_connection_closed_and_its_work
     servers: Any, backend: str
 ) -> None:
     """A predict_fn sleeping far past --timeout is never interrupted: its worker is replaced 2 s after the deadline;
-    where the hooks hold the request's server thread (WSGI), the request is not answered and its connection is closed
-    when the old worker stops (within --graceful-timeout); on an event-loop front it is answered 504 at the deadline.
-    Others are served meanwhile, and after."""
+    where the hooks hold the request's server thread (granian's WSGI interface), the request is not answered and its
+    connection is closed when the old worker stops (within --graceful-timeout); where the invocation runs on the
+    event loop (gunicorn, the event-loop fronts) it is answered 504 at the deadline. Others are served meanwhile, and
+    after."""
     server = servers.start("--server", backend, "--timeout", "1", "--graceful-timeout", "3")
     started = time.monotonic()
     headers = {"Content-Type": OCTETS, "X-Request-Id": "stuck-1"}
-    if backend == "granian" and GRANIAN_INTERFACE:
+    if backend == "gunicorn" or GRANIAN_INTERFACE:
         assert server.request("POST", "/invocations", b"sleep 30", headers).status == 504
         assert time.monotonic() - started < 3
         wait_until(lambda: _post(server, b"after").status == 200, 15, "the stuck worker was not replaced")

@@ -4,7 +4,8 @@ slot given back when it returns, its worker replaced when it is stuck), a reques
 deadline never reaches it, micro-batched requests wait for their groups on the loop (no thread each; dropped unrun
 at their deadline), and stalled bodies are answered 408 without holding threads, over HTTP/1.1 and HTTP/2. On ASGI,
 a chunked body is verified (cut short: 400; whole: served under a body limit), a stream that fails mid-way is cut
-short, and a header that is not UTF-8 reaches the app's checks."""
+short, and a header that is not UTF-8 reaches the app's checks. gunicorn runs its invocations on the loop too (its
+thread waits): the tests of the lifecycle run on it as well."""
 
 from __future__ import annotations
 
@@ -38,10 +39,25 @@ JSON = {"Content-Type": "application/json"}
 FRONTS = ["asgi", "rsgi"]
 
 
+#: The ``serve`` options of each server whose invocations run on the event loop: the fronts, and gunicorn (its
+#: thread waits for the loop).
+ON_LOOP = {
+    "asgi": ("--server", "granian", "--granian-interface", "asgi"),
+    "rsgi": ("--server", "granian", "--granian-interface", "rsgi"),
+    "gunicorn": ("--server", "gunicorn"),
+}
+
+
 @pytest.fixture(params=FRONTS)
 def front(request: pytest.FixtureRequest) -> tuple[str, ...]:
     """The ``serve`` options of each event-loop front."""
-    return ("--server", "granian", "--granian-interface", request.param)
+    return ON_LOOP[request.param]
+
+
+@pytest.fixture(params=list(ON_LOOP))
+def on_loop(request: pytest.FixtureRequest) -> tuple[str, ...]:
+    """The ``serve`` options of each server whose invocations run on the event loop."""
+    return ON_LOOP[request.param]
 
 
 #: Every hook ``async def``, each leaving its mark on the answer.
@@ -126,40 +142,40 @@ def _post(server: Any, value: Any, timeout: float = 60) -> Any:
 
 @pytest.mark.parametrize("kind", ["plugin", "script"])
 def test_every_hook_may_be_async(
-    front: tuple[str, ...], kind: str, plugin_site: Any, servers: Any, tmp_path: Path
+    on_loop: tuple[str, ...], kind: str, plugin_site: Any, servers: Any, tmp_path: Path
 ) -> None:
     """model_fn, input_fn, predict_fn, output_fn and ping_fn as async def, in a plugin and in an inference.py
     script, are awaited on the front's loop: /ping says 200 and the answer bears each hook's mark."""
     if kind == "plugin":
         plugin_site.add("hooks", ASYNC_HOOKS.format(marker="@inference_server.plugin_hook"))
-        server = servers.start(*front)
+        server = servers.start(*on_loop)
     else:
         script = tmp_path / "code" / "inference.py"
         script.parent.mkdir()
         script.write_text(textwrap.dedent(ASYNC_HOOKS.format(marker="")))
-        server = servers.start(*front, "--script", str(script), plugins=[])
+        server = servers.start(*on_loop, "--script", str(script), plugins=[])
     assert server.request("GET", "/ping").status == 200
     answer = server.request("POST", "/invocations", b"hello", {"Content-Type": "text/plain"})
     assert (answer.status, answer.body) == (200, b"model_fn,hello,input_fn,predict_fn,output_fn")
 
 
 def test_async_predictions_overlap_with_one_model_thread(
-    front: tuple[str, ...], plugin_site: Any, servers: Any
+    on_loop: tuple[str, ...], plugin_site: Any, servers: Any
 ) -> None:
     """Five requests to an async predict_fn are all inside it at once under --threads 1: async hooks run on the
     loop, not on the model threads."""
     plugin_site.add("together", TOGETHER)
-    server = servers.start(*front, "--threads", "1")
+    server = servers.start(*on_loop, "--threads", "1")
     with concurrent.futures.ThreadPoolExecutor(5) as pool:
         answers = list(pool.map(lambda _: _post(server, {"together": 5}), range(5)))
     assert [orjson.loads(answer.body) for answer in answers] == [{"answer": "together"}] * 5
 
 
-def test_a_hook_that_blocks_the_loop_is_named_once(front: tuple[str, ...], plugin_site: Any, servers: Any) -> None:
+def test_a_hook_that_blocks_the_loop_is_named_once(on_loop: tuple[str, ...], plugin_site: Any, servers: Any) -> None:
     """An async predict_fn calling time.sleep is named in one WARNING saying how long it held the loop, however
     often it does it."""
     plugin_site.add("together", TOGETHER)
-    server = servers.start(*front)
+    server = servers.start(*on_loop)
     for _ in range(2):
         assert _post(server, {"block": 0.3}).status == 200
     warned = [line for line in server.output().splitlines() if "held the event loop" in line]
@@ -168,12 +184,12 @@ def test_a_hook_that_blocks_the_loop_is_named_once(front: tuple[str, ...], plugi
 
 
 def test_the_504_comes_at_the_deadline_and_a_stuck_worker_is_replaced(
-    front: tuple[str, ...], plugin_site: Any, servers: Any
+    on_loop: tuple[str, ...], plugin_site: Any, servers: Any
 ) -> None:
     """A sync predict_fn sleeping 12 s under --timeout 2 is answered 504 before its sleep ends; still running 2 s
     later, its worker is replaced, and the next request is served before that sleep would have ended."""
     plugin_site.add("sleeper", SLEEPER)
-    server = servers.start(*front, "--timeout", "2", "--threads", "1")
+    server = servers.start(*on_loop, "--timeout", "2", "--threads", "1")
     started = time.monotonic()
     answer = _post(server, {"sleep": 12})
     assert answer.status == 504
@@ -185,12 +201,12 @@ def test_the_504_comes_at_the_deadline_and_a_stuck_worker_is_replaced(
 
 
 def test_an_overrunning_hook_gives_its_slot_back_when_it_returns(
-    front: tuple[str, ...], plugin_site: Any, servers: Any
+    on_loop: tuple[str, ...], plugin_site: Any, servers: Any
 ) -> None:
     """Under --threads 1, a predict_fn that overruns --timeout by less than the grace is answered 504; the next
     request gets the model thread once that hook returns and is served, and the worker is not replaced."""
     plugin_site.add("sleeper", SLEEPER)
-    server = servers.start(*front, "--timeout", "2", "--threads", "1")
+    server = servers.start(*on_loop, "--timeout", "2", "--threads", "1")
     workers = server.workers()
     assert _post(server, {"sleep": 2.6}).status == 504
     assert orjson.loads(_post(server, {"ok": 1}).body) == {"ok": 1}
@@ -200,12 +216,12 @@ def test_an_overrunning_hook_gives_its_slot_back_when_it_returns(
 
 
 def test_a_request_still_waiting_for_the_model_at_its_deadline_never_reaches_it(
-    front: tuple[str, ...], plugin_site: Any, servers: Any, tmp_path: Path
+    on_loop: tuple[str, ...], plugin_site: Any, servers: Any, tmp_path: Path
 ) -> None:
     """Under --threads 1, a request queued behind a 4 s prediction is answered 504 at its 2 s deadline, and its
     predict_fn is never called, even once the model thread is free."""
     plugin_site.add("sleeper", SLEEPER)
-    server = servers.start(*front, "--timeout", "2", "--threads", "1")
+    server = servers.start(*on_loop, "--timeout", "2", "--threads", "1")
     called = tmp_path / "called"
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         first = pool.submit(_post, server, {"sleep": 3.5})
@@ -238,12 +254,16 @@ INVOKING = [
     ("rsgi", "/endpoints/e/invocations-response-stream"),
     ("rsgi", "/v2/models/m/infer"),
     ("asgi", "/models/m/invoke"),
+    ("gunicorn", "/endpoints/e/invocations"),
+    ("gunicorn", "/endpoints/e/invocations-response-stream"),
+    ("gunicorn", "/v2/models/m/infer"),
+    ("gunicorn", "/models/m/invoke"),
 ]
 
 
 def _start_for(route: str, interface: str, servers: Any, tmp_path: Path, *options: str) -> Any:
     """A server of model ``m`` on ``interface`` for ``route``: of several models, ``m`` loaded, for ``/models``."""
-    front = ("--server", "granian", "--granian-interface", interface, "--model-name", "m", *options)
+    front = (*ON_LOOP[interface], "--model-name", "m", *options)
     if not route.startswith("/models/"):
         return servers.start(*front)
     root = tmp_path / "root"
@@ -355,7 +375,7 @@ def test_micro_batched_requests_wait_on_the_loop(
 
 
 def test_a_micro_batched_request_past_its_deadline_never_runs(
-    front: tuple[str, ...], plugin_site: Any, servers: Any, tmp_path: Path
+    on_loop: tuple[str, ...], plugin_site: Any, servers: Any, tmp_path: Path
 ) -> None:
     """--timeout 1, one model thread busy for 2.5 s: requests queued for a group are answered 504 at their deadline
     ("waiting for the model"), leave the queue, and never reach predict_fn."""
@@ -372,7 +392,7 @@ def test_a_micro_batched_request_past_its_deadline_never_runs(
             time.sleep(data[0][1])
             return data
     """)  # fmt: skip
-    server = servers.start(*front, "--max-batch-size", "2", "--threads", "1", "--timeout", "1")
+    server = servers.start(*on_loop, "--max-batch-size", "2", "--threads", "1", "--timeout", "1")
     with concurrent.futures.ThreadPoolExecutor(3) as pool:
         busy = pool.submit(_post, server, [[0, 2.5]])
         wait_until(calls.exists, 10, "the busy call did not begin")
@@ -565,12 +585,14 @@ WHERE = """
 """
 
 
-def test_a_quick_model_runs_inline_until_a_call_is_slow(front: tuple[str, ...], plugin_site: Any, servers: Any) -> None:
+def test_a_quick_model_runs_inline_until_a_call_is_slow(
+    on_loop: tuple[str, ...], plugin_site: Any, servers: Any
+) -> None:
     """A sync model's first calls run on a model thread; after enough quick ones in a row they run on the loop's
     thread (no hand-off), and a slow call there sends them back to the model threads. (How quick a call is counts
     its wall time, so a loaded machine may take more calls to get there: the test waits for it, within 60 s.)"""
     plugin_site.add("where", WHERE)
-    server = servers.start(*front)
+    server = servers.start(*on_loop)
 
     def thread(**value: Any) -> str:
         return str(orjson.loads(_post(server, value).body)["thread"])

@@ -109,6 +109,11 @@ def _started() -> _Running:
     return current
 
 
+def started() -> asyncio.AbstractEventLoop:
+    """This process's loop, started now (on a daemon thread of its own) if it is not yet."""
+    return _started().loop
+
+
 def run(awaitable: Awaitable[_T], name: str) -> _T:
     """Run ``awaitable`` (hook ``name``'s) on the loop and wait for its result, on any thread but the loop's."""
     import asyncio

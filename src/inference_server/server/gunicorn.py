@@ -251,12 +251,19 @@ class Worker(ThreadWorker):  # type: ignore[misc]
                 state.note_exit("max-requests")  # gunicorn counts --max-requests itself, then exits
 
     def run(self) -> None:
-        """gunicorn's loop; once its graceful period is over, a request still running (its hooks stuck past the
-        deadline: they run on the server's threads) would keep the process alive for ever, its thread joined at
-        exit. The worker exits then, as a SIGKILL would, so that its connections close and its successor serves."""
+        """gunicorn's loop; once it ends (its requests answered, or its graceful period over), a request still
+        running or a hook still running on a model thread (stuck past its deadline, its request answered 504) would
+        keep the process alive for ever, its thread joined at exit. The worker exits then, as a SIGKILL would, so
+        that its connections close and its successor serves."""
         super().run()
-        if self.nr_conns > 0:
-            logger.warning("Worker %d: exiting with %d request(s) still running", self.pid, self.nr_conns)
+        running = self.wsgi.loop_lifecycle.busy
+        if self.nr_conns > 0 or running:
+            logger.warning(
+                "Worker %d: exiting with %d request(s) and %d model call(s) still running",
+                self.pid,
+                self.nr_conns,
+                running,
+            )
             _logging.flush()
             os._exit(0)
 
@@ -425,6 +432,7 @@ BACKEND = Backend(
     check_head=True,
     body=Reading(send_continue=_send_continue, client_errors=(gunicorn.http.errors.NoMoreData,), abort=_end_the_read),
     arrival=_arrival,
+    on_loop=True,
 )
 
 

@@ -22,6 +22,7 @@ from inference_server._pipeline import Pipeline
 from inference_server._settings import Settings
 from inference_server.errors import BadRequest, URITooLong
 from inference_server.wsgi import models, prometheus, runtime, sagemaker, v2
+from inference_server.wsgi._async import AsyncLifecycle
 from inference_server.wsgi._body import BODY_BYTES, read_json_object, unsupported_coding
 from inference_server.wsgi._invoke import (
     MODEL,
@@ -34,6 +35,7 @@ from inference_server.wsgi._invoke import (
     target_model,
     target_model_header,
 )
+from inference_server.wsgi._onloop import OnLoop
 from inference_server.wsgi._replies import (
     STATUS_LINES,
     Body,
@@ -145,6 +147,12 @@ class App:
         #: The model that ``/invocations`` serves.
         self.target = Target.serving(self.pipeline, settings)
         self.lifecycle = Lifecycle(settings, self.backend)
+        self._loop_lifecycle: AsyncLifecycle | None = None
+        self._on_loop = (
+            OnLoop(self.loop_lifecycle, self.backend.body, settings.read_timeout, self.backend.arrival)
+            if self.backend.on_loop
+            else None
+        )
         #: The models of a multi-model endpoint (``--multi-model``, ``--model-root``), else None.
         self.multi_model = _multi_model(self.pipeline, settings)
         models = self.multi_model
@@ -158,6 +166,13 @@ class App:
         self.routes = Routes()
         for protocol in PROTOCOLS:
             protocol.register(self)
+
+    @property
+    def loop_lifecycle(self) -> AsyncLifecycle:
+        """The invocations' lifecycle on the worker's event loop (the fronts', and gunicorn's: ``Backend.on_loop``)."""
+        if self._loop_lifecycle is None:
+            self._loop_lifecycle = AsyncLifecycle(self.lifecycle)
+        return self._loop_lifecycle
 
     @property
     def pm(self) -> pluggy.PluginManager:
@@ -344,6 +359,8 @@ class App:
         request = _new_request(Request, (environ, request_id, params))  # (Request(...) without its frame)
         if type(handler) is not Invoking:
             return handler(request)  # type: ignore[operator]
+        if self._on_loop is not None:
+            return self._on_loop.dispatch(handler, request)
         status, headers, body = at_once(handler.function(request, functools.partial(self._invoke_now, request)))
         if type(body) is not list and not isinstance(body, Iterable):  # (a Piecewise may be both: Runtime's)
             raise TypeError("an invoking route answered with an event loop's stream on the WSGI path")

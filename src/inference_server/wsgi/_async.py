@@ -1,9 +1,10 @@
 """The invocation lifecycle on the worker's event loop: drain admission, the body read with ``--read-timeout``, the
 deadline checked on the loop, sync hooks on the model threads, async hooks on the loop, and streams.
 
-The event-loop front (:mod:`inference_server.wsgi._rsgi`, granian's RSGI interface) runs ``/invocations`` through
-:class:`AsyncLifecycle`; the sync :class:`~inference_server.wsgi._invoke.Lifecycle` still serves the WSGI fronts
-and the other protocols, and this one shares its settings, worker state and worker replacement.
+The event-loop fronts (:mod:`inference_server.wsgi._rsgi`, :mod:`inference_server.wsgi._asgi`) and gunicorn
+(:mod:`inference_server.wsgi._onloop`, its thread waiting) run every route that invokes the model through
+:class:`AsyncLifecycle`; the sync :class:`~inference_server.wsgi._invoke.Lifecycle` still serves granian's WSGI
+interface, and this one shares its settings, worker state and worker replacement.
 
 - **The body** is read on the loop by the front's reader, bounded by ``--read-timeout`` (a 408: a client that
   stalls holds no thread) and by the body limit (413).
@@ -57,6 +58,10 @@ SLOW = 0.005
 
 #: How often the requests' deadlines are checked (seconds): a 408 or a 504 is answered at most about twice this late.
 TICK = 0.05
+
+#: The environ key under which a WSGI server's thread leaves when the server took the request (``time.monotonic()``),
+#: where it can say (gunicorn): a request that arrived before a drain began is answered, not refused.
+ARRIVED = "inference_server.arrived"
 
 #: What a front reads the body with: ``read(limit)`` gives the whole body, refusing one over ``limit`` bytes (413).
 Reader = Callable[[int | None], Awaitable[bytearray | bytes]]
@@ -195,6 +200,11 @@ class AsyncLifecycle:
         self._busy = 0
         self._busy_lock = threading.Lock()
 
+    @property
+    def busy(self) -> int:
+        """Calls handed to the model threads and not finished (a hook still running past its request's 504 too)."""
+        return self._busy
+
     async def on_model_thread(self, function: Callable[..., _T], *args: Any, work: _Work | None = None) -> _T:
         """``function(*args)`` on a model thread, in a copy of this task's context; what it set there is set here."""
         context = contextvars.copy_context()
@@ -248,7 +258,9 @@ class AsyncLifecycle:
         worker.enter()
         try:
             if worker.draining:
-                raise ServiceUnavailable("the server is shutting down; send the request again")
+                arrived = request.environ.get(ARRIVED)
+                if arrived is None or arrived >= worker.draining_since:
+                    raise ServiceUnavailable("the server is shutting down; send the request again")
             status, headers, body = await self._bounded(request, target, read, framing)
         except BaseException:
             worker.leave()

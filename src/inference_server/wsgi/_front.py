@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 from inference_server import _logging, _loop, codecs
 from inference_server.errors import BadRequest, HTTPError, LengthRequired, PayloadTooLarge, RequestTimeout
 from inference_server.wsgi._app import HEAD_BYTES, App, Route, answered, request_id_of
-from inference_server.wsgi._async import AsyncLifecycle
 from inference_server.wsgi._body import _RAISE, _USE_CONTENT_LENGTH, BODY_BYTES, declared_length
 from inference_server.wsgi._invoke import StreamFailed
 from inference_server.wsgi._replies import PIECE, Body, Invoking, Piecewise, Request, close, error_for
@@ -124,7 +123,7 @@ class Front:
 
     def __init__(self, app: App) -> None:
         self.app = app
-        self.lifecycle = AsyncLifecycle(app.lifecycle)
+        self.lifecycle = app.loop_lifecycle
         self._bridge = concurrent.futures.ThreadPoolExecutor(BRIDGE_THREADS, "bridge")
         self._read_timeout = app.settings.read_timeout
 

@@ -78,6 +78,10 @@ class Backend:
     #: When the request reached the server (``time.monotonic()``), for servers that can say (gunicorn): one that was
     #: waiting for a server thread when the drain began is answered, not refused.
     arrival: Callable[[WSGIEnvironment], float | None] | None = None
+    #: Run the routes that invoke the model on the worker's event loop (the lifecycle of the event-loop fronts: the
+    #: 504 at the deadline, async hooks on the loop), the server's thread waiting and reading the body when asked
+    #: (:mod:`inference_server.wsgi._onloop`); else on the server's thread (:class:`Lifecycle`).
+    on_loop: bool = False
 
 
 class WorkerState(Protocol):
