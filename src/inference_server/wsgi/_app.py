@@ -149,7 +149,7 @@ class App:
         self.lifecycle = Lifecycle(settings, self.backend)
         self._loop_lifecycle: AsyncLifecycle | None = None
         self._on_loop = (
-            OnLoop(self.loop_lifecycle, self.backend.body, settings.read_timeout, self.backend.arrival)
+            OnLoop(self.loop_lifecycle, lambda: self.pipeline.max_body, self.backend.arrival)
             if self.backend.on_loop
             else None
         )

@@ -268,11 +268,33 @@ class Lifecycle:
         assert reply is not None
         return reply
 
-    def _abort_read(self, request: Request) -> None:
+    def read_watched(self, environ: WSGIEnvironment, limit: int | None) -> bytearray | bytes:
+        """The body, read on this thread (see :func:`read_body`) within ``--read-timeout`` (and ``--timeout``), its
+        read ended by the watchdog past it where the server can end it (a 408)."""
+        read_timeout = self.settings.read_timeout
+        if self._timeout is not None:
+            read_timeout = min(read_timeout, self._timeout)
+        call = _deadlines.Call(time.monotonic() + read_timeout, abort=self._abort_read_of, context=environ)
+        self._watchdog.watch(call)
+        try:
+            return read_body(environ, limit, self.backend.body)
+        except OSError:  # (the server's own receive timeout, gunicorn's SO_RCVTIMEO of --read-timeout, or the end)
+            pass
+        except Exception:
+            if not call.cancelled:
+                raise
+        finally:
+            self._watchdog.unwatch(call)
+        raise RequestTimeout(f"the request body did not arrive within {read_timeout} s")
+
+    def _abort_read_of(self, environ: WSGIEnvironment) -> None:
         """The watchdog's end of a body read that overran ``--read-timeout`` (where the server can end it)."""
         abort = self.backend.body.abort
         if abort is not None:
-            abort(request.environ)
+            abort(environ)
+
+    def _abort_read(self, request: Request) -> None:
+        self._abort_read_of(request.environ)
 
     def _recycle_stuck(self, request: Request) -> None:
         """The watchdog's report of work still running ``RECYCLE_GRACE`` seconds past its deadline."""

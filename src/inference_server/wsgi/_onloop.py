@@ -6,51 +6,46 @@ slow headers bounded) and its thread per request, and gets what the loop gives a
 deadline while a sync hook still runs (its model slot given back when it returns, the worker replaced when it is
 stuck), async hooks and async generators on the loop, micro-batched requests grouped there.
 
-- **The body** is read on the server's thread (the only one that may read its socket), when the lifecycle asks for
-  it: after admission, within ``--read-timeout`` (due on the loop, which answers 408 and ends the read with the
-  server's ``abort``), so 413s, 411s and ``100 Continue`` come when they did.
+- **The body** is read on the server's thread (the only one that may read its socket) before the invocation is
+  handed to the loop, within ``--read-timeout`` (the watchdog ends a read past it: 408); what went wrong with it (a
+  413, 411, 400 or 408) is raised when the lifecycle asks for the body, after drain admission and the route's own
+  checks, as before. Reading it first saves a round trip between the thread and the loop per request; ``100
+  Continue`` is sent then (before a drain's 503), and ``--timeout`` counts from the body's arrival.
 - **The answer** is handed back to the thread; a stream's chunks are made on the loop one at a time as the server
   asks for the next (:class:`Pulled`), and closing it closes the model's generator there.
 
-The cost is the hops between the thread and the loop (two per request at least, where the WSGI lifecycle has none):
+The cost is the two hops between the thread and the loop per request (where the WSGI lifecycle has none):
 measured in benchmarks/README.md.
 """
 
 from __future__ import annotations
 
 import asyncio
-import queue
+import functools
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from inference_server import _loop, codecs
-from inference_server.errors import RequestTimeout
-from inference_server.wsgi._async import ARRIVED, AsyncLifecycle
-from inference_server.wsgi._body import Reading, read_body
+from inference_server.wsgi._async import ARRIVED, AsyncLifecycle, Reader
 from inference_server.wsgi._replies import Invoking, Piecewise, Reply, Request
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import WSGIEnvironment
 
-#: What the loop asks of the server's thread: read the body (within the limit) into the future, or (None) the answer
-#: is ready.
-_Ask = tuple[int | None, "asyncio.Future[bytearray | bytes]"] | None
-
 
 class OnLoop:
     """Invoking routes of a WSGI app run on the worker's loop while the server's thread waits (see the module's
-    text). ``arrival``: when the server took the request, asked on its thread (a drain answers what came before)."""
+    text). ``limit``: the body limit; ``arrival``: when the server took the request, asked on its thread (a drain
+    answers what came before)."""
 
     def __init__(
         self,
         lifecycle: AsyncLifecycle,
-        reading: Reading,
-        read_timeout: float,
+        limit: Callable[[], int | None],
         arrival: Callable[[WSGIEnvironment], float | None] | None = None,
     ) -> None:
         self.lifecycle = lifecycle
-        self._reading = reading
-        self._read_timeout = read_timeout
+        self._limit = limit
         self._arrival = arrival
 
     def dispatch(self, handler: Invoking, request: Request) -> Reply:
@@ -58,53 +53,29 @@ class OnLoop:
         environ = request.environ
         if self._arrival is not None:
             environ[ARRIVED] = self._arrival(environ)
-        loop = _loop.started()
-        asks: queue.SimpleQueue[_Ask] = queue.SimpleQueue()
-        reading: list[bool] = []  # (non-empty while this thread reads the body)
-
-        async def read(limit: int | None) -> bytearray | bytes:
-            wanted: asyncio.Future[bytearray | bytes] = loop.create_future()
-            asks.put((limit, wanted))
-            return await wanted
+        try:
+            body = self.lifecycle.lifecycle.read_watched(environ, self._limit())
+        except Exception as exc:  # (raised when the lifecycle asks for the body: after admission and the checks)
+            read: Reader = functools.partial(_refused, exc)
+        else:
+            read = functools.partial(_read, body)
 
         def invoke(target: Any, framing: Any = None) -> Any:
             return self.lifecycle.invoke(request, target, framing, read=read)
 
-        done = asyncio.run_coroutine_threadsafe(handler.function(request, invoke), loop)
-
-        def answered(_: object) -> None:  # (on the loop) the answer is ready: a read still going on is ended
-            if reading and self._reading.abort is not None:
-                self._reading.abort(environ)
-            asks.put(None)
-
-        done.add_done_callback(answered)
-        while (ask := asks.get()) is not None:
-            limit, wanted = ask
-            reading.append(True)
-            try:
-                body: bytearray | bytes | None = read_body(environ, limit, self._reading)
-                error: BaseException | None = None
-            except OSError:  # the server's receive timeout (gunicorn's, --read-timeout), or the read ended
-                body, error = None, RequestTimeout(f"the request body did not arrive within {self._read_timeout} s")
-            except BaseException as exc:
-                body, error = None, exc
-            finally:
-                reading.clear()
-            loop.call_soon_threadsafe(_settle, wanted, body, error)
-        status, headers, answer = done.result()
+        loop = _loop.started()
+        status, headers, answer = asyncio.run_coroutine_threadsafe(handler.function(request, invoke), loop).result()
         if isinstance(answer, Piecewise):
             return status, headers, Pulled(answer, loop)
         return status, headers, answer
 
 
-def _settle(wanted: asyncio.Future[Any], body: bytearray | bytes | None, error: BaseException | None) -> None:
-    """On the loop: hand the body read on the server's thread (or its error) to the lifecycle, if it still waits."""
-    if wanted.done():  # (the request was answered meanwhile: a 408, or its client's task cancelled)
-        return
-    if error is not None:
-        wanted.set_exception(error)
-    else:
-        wanted.set_result(body)
+async def _read(body: bytearray | bytes, limit: int | None) -> bytearray | bytes:
+    return body
+
+
+async def _refused(error: Exception, limit: int | None) -> bytearray | bytes:
+    raise error
 
 
 class Pulled(Iterator[codecs.Buffer]):
