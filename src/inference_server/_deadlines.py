@@ -118,6 +118,26 @@ class Call:
         if slot is not None:
             slot.release()
 
+    def read(self) -> bool:
+        """The body is read: move on to WAITING, unless the call was cancelled meanwhile (False: the watchdog ended
+        the read, or is about to, and the request is answered 408). One step under the lock, which the watchdog's
+        end of a read takes too."""
+        with self._lock:
+            if self.cancelled:
+                return False
+            self.stage = WAITING
+            return True
+
+    def _cancel_reading(self) -> bool:
+        """Cancel the call if its body is still being read (True: end the read)."""
+        with self._lock:
+            if self.cancelled or self.stage != READING:
+                return False
+            self.cancelled = True
+            self.overran = READING
+        self.give_back()
+        return True
+
     def cancel(self) -> str:
         """Mark the call answered, give back its slot (the overrunning work goes on without it); return its stage."""
         with self._lock:
@@ -136,8 +156,7 @@ class Call:
                 if self.stuck is not None:
                     self.stuck(self.context)
         elif self.stage == READING and now >= self.read_deadline:
-            self.cancel()
-            if self.abort is not None:
+            if self._cancel_reading() and self.abort is not None:
                 self.abort(self.context)
         elif now >= self.deadline and self.cancel() == RUNNING:
             self.stuck_at = now + grace

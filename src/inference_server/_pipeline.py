@@ -386,6 +386,8 @@ class Pipeline:
             raise
         except Exception as exc:
             raise _failed(hook, exc, data is body, content_type) from exc
+        except (SystemExit, KeyboardInterrupt) as exc:  # (a hook that exits: its 500, not the end of a thread or loop)
+            raise HookError(hook, exc) from exc
 
     def _invoke(
         self,
@@ -424,6 +426,8 @@ class Pipeline:
             raise
         except Exception as exc:
             raise _failed(hook, exc, data is body, content_type) from exc
+        except (SystemExit, KeyboardInterrupt) as exc:  # (a hook that exits: its 500, not the end of a thread or loop)
+            raise HookError(hook, exc) from exc
 
 
 class _Stage(NamedTuple):

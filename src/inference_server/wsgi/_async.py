@@ -33,13 +33,16 @@ import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from inference_server import _deadlines, _loop, codecs
 from inference_server._pipeline import Framing, Output, Stream
 from inference_server.errors import GatewayTimeout, HookError, RequestTimeout, ServiceUnavailable
 from inference_server.wsgi._invoke import RECYCLE_GRACE, Lifecycle, StreamFailed, Target
 from inference_server.wsgi._replies import Headers, Piecewise, Request
+
+if TYPE_CHECKING:
+    from _typeshed.wsgi import WSGIEnvironment
 
 logger = logging.getLogger("inference_server")
 
@@ -199,11 +202,29 @@ class AsyncLifecycle:
         #: Calls handed to the model threads and not finished (changed under the lock, from either side).
         self._busy = 0
         self._busy_lock = threading.Lock()
+        self._helping = 0  # (calls on the helper threads, likewise)
 
     @property
     def busy(self) -> int:
-        """Calls handed to the model threads and not finished (a hook still running past its request's 504 too)."""
-        return self._busy
+        """Calls handed to the model threads and the helper threads (a model loading) and not finished, a hook
+        still running past its request's 504 too."""
+        return self._busy + self._helping
+
+    def _on_helper(self, function: Callable[[], _T]) -> concurrent.futures.Future[_T]:
+        """``function()`` on a helper thread, in a copy of this context, counted in :attr:`busy` until it ends."""
+        with self._busy_lock:
+            self._helping += 1
+        try:
+            future = self._helpers.submit(contextvars.copy_context().run, function)
+        except BaseException:
+            self._helped(None)
+            raise
+        future.add_done_callback(self._helped)
+        return future
+
+    def _helped(self, future: concurrent.futures.Future[Any] | None) -> None:
+        with self._busy_lock:
+            self._helping -= 1
 
     async def on_model_thread(self, function: Callable[..., _T], *args: Any, work: _Work | None = None) -> _T:
         """``function(*args)`` on a model thread, in a copy of this task's context; what it set there is set here."""
@@ -248,20 +269,30 @@ class AsyncLifecycle:
         with self._busy_lock:
             self._busy -= 1
 
-    async def invoke(self, request: Request, target: Target, framing: Framing | None = None, *, read: Reader) -> Reply:
+    async def invoke(
+        self,
+        request: Request,
+        target: Target,
+        framing: Framing | None = None,
+        *,
+        read: Reader,
+        started: float | None = None,
+        entered: bool = False,
+    ) -> Reply:
         """Answer one invocation of ``target``: 200 and the encoded prediction (its body a list of buffers, or
         :class:`Chunks` for a stream), or an exception for the app to answer (503 while draining, 408, 504, the
-        hooks' own)."""
+        hooks' own). ``started``: when the request's deadline began (``time.monotonic()``; now if None);
+        ``entered``: the caller counts the request in flight for the drain (and leaves once it is answered)."""
         worker = self.lifecycle.worker
-        if worker is None:
-            return await self._bounded(request, target, read, framing)
+        if worker is None or entered:
+            if worker is not None and self.refuses(request.environ):
+                raise ServiceUnavailable("the server is shutting down; send the request again")
+            return await self._bounded(request, target, read, framing, started)
         worker.enter()
         try:
-            if worker.draining:
-                arrived = request.environ.get(ARRIVED)
-                if arrived is None or arrived >= worker.draining_since:
-                    raise ServiceUnavailable("the server is shutting down; send the request again")
-            status, headers, body = await self._bounded(request, target, read, framing)
+            if self.refuses(request.environ):
+                raise ServiceUnavailable("the server is shutting down; send the request again")
+            status, headers, body = await self._bounded(request, target, read, framing, started)
         except BaseException:
             worker.leave()
             raise
@@ -271,11 +302,23 @@ class AsyncLifecycle:
             worker.leave()
         return status, headers, body
 
-    async def _bounded(self, request: Request, target: Target, read: Reader, framing: Framing | None) -> Reply:
+    def refuses(self, environ: WSGIEnvironment) -> bool:
+        """Whether the drain refuses this request: it has begun, and the request did not arrive before it (as far as
+        the server says: :data:`ARRIVED`)."""
+        worker = self.lifecycle.worker
+        if worker is None or not worker.draining:
+            return False
+        arrived = environ.get(ARRIVED)
+        return arrived is None or arrived >= worker.draining_since
+
+    async def _bounded(
+        self, request: Request, target: Target, read: Reader, framing: Framing | None, started: float | None
+    ) -> Reply:
         """The invocation under one deadline: the body's (``--read-timeout``, within ``--timeout``: 408), then the
-        whole's (``--timeout``: 504). When it is due it cancels the request's task (what is awaited then is
-        dropped: work still waiting for a model thread never runs), and the request is answered at once."""
-        start = time.monotonic()
+        whole's (``--timeout``: 504), both from ``started``. When it is due it cancels the request's task (what is
+        awaited then is dropped: work still waiting for a model thread never runs), and the request is answered at
+        once."""
+        start = time.monotonic() if started is None else started
         timeout = self._timeout
         read_timeout = min(timeout, self.settings.read_timeout) if timeout else self.settings.read_timeout
         # The front's loop, adopted (asking asyncio for the running loop costs a system call), when this is its thread
@@ -333,7 +376,7 @@ class AsyncLifecycle:
         else:  # a model of a multi-model endpoint, which may load now (on a helper thread: it may take long)
             model = target.at_hand() if target.at_hand is not None else None
             if model is None:
-                model = await asyncio.wrap_future(self._helpers.submit(contextvars.copy_context().run, target.model))
+                model = await asyncio.wrap_future(self._on_helper(target.model))
         content_type = environ.get("CONTENT_TYPE") or (self.lifecycle.no_content_type() if framing is None else "")
         accept = environ.get("HTTP_ACCEPT") or "*/*"
         output: Output

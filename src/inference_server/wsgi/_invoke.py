@@ -79,7 +79,7 @@ class Backend:
     #: waiting for a server thread when the drain began is answered, not refused.
     arrival: Callable[[WSGIEnvironment], float | None] | None = None
     #: Run the routes that invoke the model on the worker's event loop (the lifecycle of the event-loop fronts: the
-    #: 504 at the deadline, async hooks on the loop), the server's thread waiting and reading the body when asked
+    #: 504 at the deadline, async hooks on the loop), the server's thread reading the body, then waiting
     #: (:mod:`inference_server.wsgi._onloop`); else on the server's thread (:class:`Lifecycle`).
     on_loop: bool = False
 
@@ -277,7 +277,9 @@ class Lifecycle:
         call = _deadlines.Call(time.monotonic() + read_timeout, abort=self._abort_read_of, context=environ)
         self._watchdog.watch(call)
         try:
-            return read_body(environ, limit, self.backend.body)
+            body = read_body(environ, limit, self.backend.body)
+            if call.read():  # (else the watchdog ended the read meanwhile)
+                return body
         except OSError:  # (the server's own receive timeout, gunicorn's SO_RCVTIMEO of --read-timeout, or the end)
             pass
         except Exception:

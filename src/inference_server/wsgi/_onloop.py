@@ -9,8 +9,9 @@ stuck), async hooks and async generators on the loop, micro-batched requests gro
 - **The body** is read on the server's thread (the only one that may read its socket) before the invocation is
   handed to the loop, within ``--read-timeout`` (the watchdog ends a read past it: 408); what went wrong with it (a
   413, 411, 400 or 408) is raised when the lifecycle asks for the body, after drain admission and the route's own
-  checks, as before. Reading it first saves a round trip between the thread and the loop per request; ``100
-  Continue`` is sent then (before a drain's 503), and ``--timeout`` counts from the body's arrival.
+  checks, as before. Reading it first saves a round trip between the thread and the loop per request. A request the
+  drain refuses is not read (no ``100 Continue``); one the route refuses by its head (a bad ``TargetModel``) is read
+  first, ``100 Continue`` included. ``--timeout`` counts from before the read, as on the server's thread.
 - **The answer** is handed back to the thread; a stream's chunks are made on the loop one at a time as the server
   asks for the next (:class:`Pulled`), and closing it closes the model's generator there.
 
@@ -21,13 +22,15 @@ measured in benchmarks/README.md.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import functools
+import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from inference_server import _loop, codecs
 from inference_server.wsgi._async import ARRIVED, AsyncLifecycle, Reader
-from inference_server.wsgi._replies import Invoking, Piecewise, Reply, Request
+from inference_server.wsgi._replies import Body, Invoking, Piecewise, Reply, Request
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import WSGIEnvironment
@@ -49,25 +52,50 @@ class OnLoop:
         self._arrival = arrival
 
     def dispatch(self, handler: Invoking, request: Request) -> Reply:
-        """On the server's thread: the route's answer, its coroutine run on the loop (a stream: :class:`Pulled`)."""
+        """On the server's thread: the route's answer, its coroutine run on the loop (a stream: :class:`Pulled`).
+        The request counts in flight for the drain from before its body is read until the server closes its answer;
+        ``--timeout`` counts from before the body is read, as on the server's thread."""
         environ = request.environ
+        started = time.monotonic()
+        lifecycle = self.lifecycle
         if self._arrival is not None:
             environ[ARRIVED] = self._arrival(environ)
+        worker = lifecycle.lifecycle.worker
+        if worker is not None:
+            worker.enter()
         try:
-            body = self.lifecycle.lifecycle.read_watched(environ, self._limit())
-        except Exception as exc:  # (raised when the lifecycle asks for the body: after admission and the checks)
-            read: Reader = functools.partial(_refused, exc)
-        else:
-            read = functools.partial(_read, body)
+            read: Reader
+            if lifecycle.refuses(environ):
+                read = _unread  # (the lifecycle answers 503 first: the body is not read, no 100 Continue sent)
+            else:
+                try:
+                    body = lifecycle.lifecycle.read_watched(environ, self._limit())
+                except Exception as exc:  # (raised when the lifecycle asks for the body: after the route's checks)
+                    read = functools.partial(_refused, exc)
+                else:
+                    read = functools.partial(_read, body)
 
-        def invoke(target: Any, framing: Any = None) -> Any:
-            return self.lifecycle.invoke(request, target, framing, read=read)
+            def invoke(target: Any, framing: Any = None) -> Any:
+                return lifecycle.invoke(request, target, framing, read=read, started=started, entered=True)
 
-        loop = _loop.started()
-        status, headers, answer = asyncio.run_coroutine_threadsafe(handler.function(request, invoke), loop).result()
+            loop = _loop.started()
+            try:
+                status, headers, answer = asyncio.run_coroutine_threadsafe(
+                    handler.function(request, invoke), loop
+                ).result()
+            except concurrent.futures.CancelledError:  # (not an Exception: the app would not answer it)
+                raise RuntimeError("the invocation was cancelled on the event loop") from None
+        except BaseException:
+            if worker is not None:
+                worker.leave()
+            raise
         if isinstance(answer, Piecewise):
-            return status, headers, Pulled(answer, loop)
-        return status, headers, answer
+            answer = Pulled(answer, loop)
+        return status, headers, answer if worker is None else Body(answer, worker.leave)
+
+
+async def _unread(limit: int | None) -> bytearray | bytes:
+    raise AssertionError("the body of a request the drain refuses was asked for")
 
 
 async def _read(body: bytearray | bytes, limit: int | None) -> bytearray | bytes:
