@@ -13,7 +13,7 @@ from inference_server.server import granian
 @pytest.fixture
 def server() -> Iterator[granian.Server]:
     """Our granian supervisor, constructed but not serving."""
-    server = granian.Server(Settings(host="127.0.0.1", port=0, workers=1))
+    server = granian.Server(Settings(host="127.0.0.1", port=0, workers=1), "wsgi")
     try:
         yield server
     finally:

@@ -33,7 +33,7 @@ from inference_server._settings import Settings
 from inference_server.wsgi._app import App
 from inference_server.wsgi._asgi import AsgiFront
 from inference_server.wsgi._invoke import StreamFailed
-from tests.conftest import wait_until
+from tests.conftest import GRANIAN_INTERFACE, wait_until
 
 JSON = {"Content-Type": "application/json"}
 FRONTS = ["asgi", "rsgi"]
@@ -606,6 +606,41 @@ def test_a_quick_model_runs_inline_until_a_call_is_slow(
             slow_inline = not thread(sleep=0.05).startswith("model")
     assert slow_inline, "no slow call ran inline"
     assert thread().startswith("model")
+
+
+ASYNC_SLEEPER = """
+    import asyncio
+
+    import inference_server
+
+    @inference_server.plugin_hook
+    async def predict_fn(data, model):
+        await asyncio.sleep(data.get("sleep", 0))
+        return data
+"""
+
+
+@pytest.mark.skipif(bool(GRANIAN_INTERFACE), reason="TEST_GRANIAN_INTERFACE chooses every server's interface")
+def test_granian_serves_an_async_model_on_the_asgi_front_unless_told(plugin_site: Any, servers: Any) -> None:
+    """On granian with no --granian-interface, a model with an async def hook is served through the ASGI front (said
+    at start-up): its predict_fn awaiting 12 s under --timeout 2 is answered 504 before it ends; with
+    --granian-interface wsgi it is not; a model of sync hooks stays on the WSGI interface (its hooks on granian's
+    threads, not on a model thread)."""
+    plugin_site.add("sleeper", ASYNC_SLEEPER)
+    server = servers.start("--server", "granian", "--timeout", "2")
+    assert "granian's ASGI interface (the event-loop front): a hook is async def" in server.output()
+    started = time.monotonic()
+    assert _post(server, {"sleep": 12}).status == 504
+    assert time.monotonic() - started < 12
+    told = servers.start("--server", "granian", "--timeout", "1", "--granian-interface", "wsgi")
+    assert "the event-loop front" not in told.output()
+    started = time.monotonic()
+    assert _post(told, {"sleep": 2}).status == 504
+    assert time.monotonic() - started >= 2  # (on the WSGI interface the 504 waits for the hook to return)
+    plugin_site.add("where", WHERE)
+    synchronous = servers.start("--server", "granian", plugins=["where"])
+    assert "the event-loop front" not in synchronous.output()
+    assert not orjson.loads(_post(synchronous, {}).body)["thread"].startswith("model")
 
 
 # -- in process, through the ASGI interface as a server drives it ------------------------------------------------------

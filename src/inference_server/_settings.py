@@ -32,7 +32,7 @@ LOG_FORMATS = ("text", "json")
 SERVERS = ("gunicorn", "granian")
 #: granian's interfaces the app can be served through: WSGI (a thread per request), or RSGI or ASGI (the event-loop
 #: fronts).
-GRANIAN_INTERFACES = ("wsgi", "rsgi", "asgi")
+GRANIAN_INTERFACES = ("auto", "wsgi", "rsgi", "asgi")
 #: Where ``serve`` tells its workers which settings were given as options (see ``Settings.given``).
 GIVEN_ENV = "INFERENCE_SERVER_GIVEN"
 #: The request timeout in a Batch Transform container (``SAGEMAKER_BATCH=true``): SageMaker waits 600 s by default.
@@ -370,12 +370,12 @@ class Settings:
     )
     #: Accept HTTP/2 (with prior knowledge) beside HTTP/1.1 on granian; SageMaker speaks HTTP/1.1.
     granian_interface: str = _variable(
-        "wsgi",
+        "auto",
         "INFERENCE_SERVER_GRANIAN_INTERFACE",
         _one_of(GRANIAN_INTERFACES),
-        "granian's interface: wsgi, or asgi or rsgi (a preview of the event-loop request path: every route that "
-        "invokes the model on an event loop, with the 504 at the deadline, async hooks and streams that hold no "
-        "thread; the others on a bridge)",
+        "granian's interface: auto (asgi when a hook is async def, else wsgi), wsgi, or asgi or rsgi (the "
+        "event-loop request path: every route that invokes the model on an event loop, with the 504 at the "
+        "deadline, async hooks and streams that hold no thread; the others on a bridge)",
         choices=GRANIAN_INTERFACES,
     )
     http2: bool = _variable(

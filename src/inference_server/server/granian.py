@@ -232,12 +232,11 @@ def serving(supervisor: _state.Supervisor, pid: int, port: int) -> bool:
 class Server(MPServer):
     """granian's process supervisor, draining on SIGTERM and replacing workers that ask for it."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, interface: str) -> None:
         self.drain = _drain.Drain(settings)
         self.port = settings.port
         #: Indexes of workers whose successor must be listening before they stop.
         self.replacing: set[int] = set()
-        interface = settings.granian_interface
         loop = interface != "wsgi"  # an event-loop front: requests on the worker's loop, not granian's threads
         super().__init__(
             f"{__name__}:{'granian_app' if not loop else f'granian_{interface}_app'}",
@@ -341,9 +340,26 @@ class Server(MPServer):
         return worker
 
 
+def interface_for(app: App) -> str:
+    """granian's interface for ``app``: the one asked for, else (``auto``) the ASGI front when a hook is ``async def``
+    (its calls are awaited on the loop, where granian's WSGI interface has a thread wait for each; and of the fronts,
+    ASGI keeps every promise of the WSGI interface: docs/explanation/backends.md), else WSGI (the fastest for sync
+    hooks)."""
+    interface = app.settings.granian_interface
+    if interface != "auto":
+        return interface
+    if app.pipeline.asynchronous:
+        logger.info(
+            "granian's ASGI interface (the event-loop front): a hook is async def, so requests run on each worker's "
+            "event loop; --granian-interface wsgi to keep the WSGI interface"
+        )
+        return "asgi"
+    return "wsgi"
+
+
 def run(app: App) -> int:
     """Serve with granian until SIGTERM; return the exit status. ``app`` checked the plugins and settings."""
-    server = Server(app.settings)
+    server = Server(app.settings, interface_for(app))
     check_internals(server)
     logging.getLogger("_granian").addFilter(_ThreadWarningFilter())
     try:
