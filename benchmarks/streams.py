@@ -20,17 +20,19 @@ The contenders, each one worker, started afresh for every run:
   at its default.
 - ``ours-sync-1000``: the same with ``--threads 1000`` (issue 39's measurement).
 - ``ours-async-1000``: ours with an async generator (``async def predict_fn`` yielding each record after
-  ``asyncio.sleep(0.1)``, ``PLUGIN_ASYNC``) and ``--threads 1000``: the contender issue 39's first target is about
-  (wall time <= 1.3x the ceiling at 2,000 clients). Until the request path runs on the worker's event loop, each of
-  its items is awaited there while the stream's server thread waits: it still takes a thread per stream.
+  ``asyncio.sleep(0.1)``, ``PLUGIN_ASYNC``) and ``--threads 1000`` on granian's WSGI interface (asked for: by
+  default such a model gets the ASGI front): the contender issue 39's first target was measured on (wall time <=
+  1.3x the ceiling at 2,000 clients). Each of its items is awaited on the worker's loop while the stream's server
+  thread waits: a thread per stream.
 - ``ours-asgi-async-1``, ``ours-asgi-async-1000`` and ``ours-asgi-sync-64``: the same plugins on granian's ASGI
   interface (``INFERENCE_SERVER_GRANIAN_INTERFACE=asgi``: ``/invocations`` on the worker's event loop), with
   ``--threads`` 1 (the default), 1000 and 64: an async generator's records awaited on the loop, a sync generator's
   made one at a time on the model threads. Issue 39's targets: the async generator within 1.3x the ceiling's wall
   time, the sync one with ``--threads 64`` completing every stream with the worker under 64 + 40 threads.
 
-``--contenders`` takes any ``ours[-asgi|-rsgi]-sync|async-THREADS`` besides these (``ours-rsgi-async-1``: granian's
-RSGI interface).
+``--contenders`` takes any ``ours[-asgi|-rsgi|-auto]-sync|async-THREADS`` besides these (``ours-rsgi-async-1``:
+granian's RSGI interface; ``ours-auto-async-1``: the interface a model gets by default, ``--granian-interface auto``,
+the ASGI front for an async generator). A contender without one runs granian's WSGI interface, named so.
 
 The clients share the machine with the server (one process, one event loop): on a small machine they take a share
 of its CPU, the same for every contender. Rotating order across rounds, medians, ratios to the ceiling's wall time.
@@ -84,7 +86,7 @@ NAMES = (
     "ours-asgi-sync-64",
 )
 #: Ours: the front (granian's interface, WSGI when absent), the generator, the threads.
-OURS = re.compile(r"ours(?:-(asgi|rsgi))?-(sync|async)-(\d+)")
+OURS = re.compile(r"ours(?:-(asgi|rsgi|auto))?-(sync|async)-(\d+)")
 #: Issue 39's target for a sync generator with ``--threads 64``: the worker's threads stay under --threads + 40.
 THREADS_MARGIN = 40
 #: Seconds between two samples of the server's thread counts.
@@ -151,7 +153,7 @@ def title(name: str) -> str:
     if name == "ceiling":
         return "granian RSGI ceiling (asyncio.sleep)"
     front, kind, threads = OURS.fullmatch(name).groups()  # type: ignore[union-attr]
-    on = f" on granian's {front.upper()} front" if front else ""
+    on = " by default" if front == "auto" else f" on granian's {(front or 'wsgi').upper()} interface"
     return f"ours{on}, {kind} generator, --threads {threads}"
 
 
@@ -313,8 +315,7 @@ def serving(name: str, site: Path) -> Iterator[tuple[subprocess.Popen[bytes], in
     else:
         front, kind, threads = OURS.fullmatch(name).groups()  # type: ignore[union-attr]
         env["INFERENCE_SERVER_PLUGINS"] = "bench_streams_async" if kind == "async" else "bench_streams"
-        if front:
-            env["INFERENCE_SERVER_GRANIAN_INTERFACE"] = front
+        env["INFERENCE_SERVER_GRANIAN_INTERFACE"] = front or "wsgi"  # (auto: what a model gets by default)
         command = [h.PYTHON, "-m", "inference_server", "serve", "--server", "granian", "--host", "127.0.0.1"]
         command += ["--port", str(port), "--workers", "1", "--threads", threads]
     with tempfile.NamedTemporaryFile(prefix=f"bench-streams-{name}-", suffix=".log") as log:
@@ -386,7 +387,7 @@ def main() -> None:
     parser.add_argument(
         "--contenders",
         default=",".join(NAMES),
-        help=f"some of {','.join(NAMES)} (default: all), or ours[-asgi|-rsgi]-sync|async-THREADS",
+        help=f"some of {','.join(NAMES)} (default: all), or ours[-asgi|-rsgi|-auto]-sync|async-THREADS",
     )
     _results.add_argument(parser)
     args = parser.parse_args()
