@@ -283,23 +283,22 @@ class AsyncLifecycle:
         :class:`Chunks` for a stream), or an exception for the app to answer (503 while draining, 408, 504, the
         hooks' own). ``started``: when the request's deadline began (``time.monotonic()``; now if None);
         ``entered``: the caller counts the request in flight for the drain (and leaves once it is answered)."""
-        worker = self.lifecycle.worker
-        if worker is None or entered:
-            if worker is not None and self.refuses(request.environ):
-                raise ServiceUnavailable("the server is shutting down; send the request again")
-            return await self._bounded(request, target, read, framing, started)
-        worker.enter()
+        worker = None if entered else self.lifecycle.worker  # (counted here, else by the caller or not at all)
+        if worker is not None:
+            worker.enter()
         try:
             if self.refuses(request.environ):
                 raise ServiceUnavailable("the server is shutting down; send the request again")
             status, headers, body = await self._bounded(request, target, read, framing, started)
         except BaseException:
-            worker.leave()
+            if worker is not None:
+                worker.leave()
             raise
-        if isinstance(body, Chunks):
-            body.leave = worker.leave
-        else:
-            worker.leave()
+        if worker is not None:
+            if isinstance(body, Chunks):
+                body.leave = worker.leave
+            else:
+                worker.leave()
         return status, headers, body
 
     def refuses(self, environ: WSGIEnvironment) -> bool:
