@@ -418,10 +418,13 @@ def test_500_traceback_is_in_the_log_not_the_response(served: Served) -> None:
 
 
 def test_worker_and_backend_lines_are_json(served: Served) -> None:
-    """The worker's own lines (ours, loading the model) and the backend's are in the chosen format."""
+    """The serving process's lines (loading the model), the worker's own (serving it) and the backend's are in the
+    chosen format."""
     lines = served.lines()
     loading = next(line for line in lines if line["message"].startswith("Loading the model"))
-    assert loading["pid"] != served.pid
+    assert loading["pid"] == served.pid
+    serving = next(line for line in lines if "serving the model loaded before it started" in line["message"])
+    assert serving["pid"] != served.pid
     backend_logger = "gunicorn.error" if served.backend == "gunicorn" else "_granian"
     assert any(line["logger"].startswith(backend_logger) for line in lines)
 

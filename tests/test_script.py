@@ -517,7 +517,7 @@ def test_a_pytorch_model_directory_without_one_model_file_is_a_503_naming_them(
     servers: ServerFactory, tmp_path: Path
 ) -> None:
     """No model.pt and not exactly one .pt/.pth file: the load fails, /ping is 503 and the invocation says why."""
-    server = servers.start("--model-dir", str(tmp_path), "--script-defaults", "pytorch", plugins=[])
+    server = servers.start("--model-dir", str(tmp_path), "--script-defaults", "pytorch", "--no-preload", plugins=[])
     reply = server.request("POST", "/invocations", b"[1]", {"Content-Type": "application/json"})
     assert (reply.status, "Exactly one .pth or .pt file" in reply.json()["message"]) == (503, True)
 

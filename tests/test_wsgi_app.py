@@ -158,7 +158,7 @@ def test_model_fn_returning_none_is_503_with_the_reason(servers: Any, plugin_sit
             model = len
         """,
     )
-    server = servers.start()
+    server = servers.start("--no-preload")  # (in a worker: with --preload, serve stops at start-up)
     assert server.request("GET", "/ping").status == 503
     reply = server.request("POST", "/invocations", b"x")
     assert reply.status == 503
@@ -204,7 +204,7 @@ def test_failing_model_fn_gives_503_and_logs_the_reason(servers: Any, plugin_sit
             raise FileNotFoundError("model.bin is missing from " + model_dir)
         """,
     )
-    server = servers.start("--model-dir", "/nonexistent/model")
+    server = servers.start("--model-dir", "/nonexistent/model", "--no-preload")  # (a worker that failed)
     assert server.request("GET", "/ping").status == 503
     reply = server.request("POST", "/invocations", b"x")
     assert reply.status == 503

@@ -234,6 +234,12 @@ class Pipeline:
         self._timed = timed
 
     @property
+    def shared(self) -> pluggy.PluginManager:
+        """The plugin manager the pipeline was made with (a script's view over it aside): pipelines made with it name
+        the same model in the process's store."""
+        return self._shared
+
+    @property
     def limits(self) -> codecs.Limits:
         """How much a request's decoding may build (from ``MaxPayloadInMB``), as the built-in ``input_fn`` has it."""
         return self._defaults.limits

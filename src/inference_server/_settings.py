@@ -208,8 +208,21 @@ class Settings:
         os.cpu_count() or 1,
         "SAGEMAKER_MODEL_SERVER_WORKERS",
         _integer(1),
-        "worker processes, each loading the model",
+        "worker processes, sharing the model loaded before they start (see --preload)",
         default_text="the number of CPUs",
+    )
+    #: Load the model in the serving process before its workers start, so that they share its memory (fork's
+    #: copy-on-write) and a replaced worker starts without loading it; off (or a model found unsafe to fork): each
+    #: worker loads its own.
+    preload: bool = _variable(
+        True,
+        "INFERENCE_SERVER_PRELOAD",
+        _boolean,
+        "load the model once, in the serving process, before the workers start: they share its memory (copy-on-write) "
+        "and a replaced worker does not load it again. A model_fn that fails then stops serve at start-up; one that "
+        "leaves threads running, sockets or a GPU device open is loaded by each worker instead, with a warning",
+        default_text="on",
+        flag=True,
     )
     #: Hook calls a worker runs at once; above 1 the model must be thread-safe.
     threads: int = _variable(

@@ -193,11 +193,13 @@ class Recorder:
         self._model_families: _ModelFamilies | None = None
 
     # -- rare events: straight into the Prometheus client -----------------------------------------------------
-    def model_loaded(self, seconds: float) -> None:
-        """This worker loaded its model in ``seconds`` (serving one model)."""
+    def model_loaded(self, seconds: float | None) -> None:
+        """This worker loaded its model in ``seconds`` (serving one model); None: it has the model that the serving
+        process loaded before it started (counted there: :func:`model_preloaded`)."""
         families = self.families()
-        families.model_loads.inc()
-        families.model_load_seconds.observe(seconds)
+        if seconds is not None:
+            families.model_loads.inc()
+            families.model_load_seconds.observe(seconds)
         families.model_loaded.set(1)
 
     # -- a multi-model endpoint's models (hits are counted by the flush; the rest straight in) -------------------
@@ -472,15 +474,7 @@ class _Families:
             registry=registry,
             multiprocess_mode="livesum",
         )
-        self.model_loads = Counter(
-            PREFIX + "model_loads_total",
-            "Model loads begun (model_fn calls), over all workers; a load that failed is also counted in "
-            "model_unloads_total{reason=failed} on a multi-model endpoint",
-            registry=registry,
-        )
-        self.model_load_seconds = histogram(
-            "model_load_seconds", "Seconds each model load took (model_fn), over all workers", (), LOAD_BUCKETS
-        )
+        self.model_loads, self.model_load_seconds = load_metrics(registry)
         self.model_loaded = Gauge(
             PREFIX + "model_loaded",
             "Workers whose model is loaded",
@@ -647,6 +641,42 @@ def scrape() -> bytes:
         MultiProcessCollector(registry, path)  # type: ignore[no-untyped-call]
         return generate_latest(registry) + generate_latest(held)
     return generate_latest(recorder.families().registry) + generate_latest(held) + generate_latest(REGISTRY)
+
+
+def load_metrics(
+    registry: prometheus_client.CollectorRegistry,
+) -> tuple[prometheus_client.Counter, prometheus_client.Histogram]:
+    """``model_loads_total`` and ``model_load_seconds`` in ``registry``."""
+    from prometheus_client import Counter, Histogram
+
+    loads = Counter(
+        PREFIX + "model_loads_total",
+        "Model loads begun (model_fn calls), over all workers and the serving process (--preload); a load that "
+        "failed is also counted in model_unloads_total{reason=failed} on a multi-model endpoint",
+        registry=registry,
+    )
+    seconds = Histogram(
+        PREFIX + "model_load_seconds",
+        "Seconds each model load took (model_fn), over all workers and the serving process (--preload)",
+        buckets=LOAD_BUCKETS,
+        registry=registry,
+    )
+    return loads, seconds
+
+
+@functools.cache
+def _serving_loads() -> tuple[prometheus_client.Counter, prometheus_client.Histogram]:
+    """The serving process's own ``model_loads_total`` and ``model_load_seconds`` (``--preload``)."""
+    from prometheus_client import CollectorRegistry
+
+    return load_metrics(CollectorRegistry())
+
+
+def model_preloaded(seconds: float) -> None:
+    """The serving process loaded the model its workers share (``--preload``), in ``seconds``."""
+    loads, load_seconds = _serving_loads()
+    loads.inc()
+    load_seconds.observe(seconds)
 
 
 def restarts_counter(registry: prometheus_client.CollectorRegistry) -> prometheus_client.Counter:

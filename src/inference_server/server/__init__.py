@@ -1,7 +1,9 @@
 """What ``inference-server serve`` runs: the chosen HTTP server backend, with our process lifecycle on top.
 
 Either backend (:mod:`.granian`, the default, or :mod:`.gunicorn`) runs in the process that ``serve`` started (no
-wrapper process), with the worker processes as its children; each worker loads the model before it accepts traffic.
+wrapper process), with the worker processes as its children. The serving process loads the model before the workers
+start, and they share it (:mod:`._preload`); else (``--no-preload``, or a model unsafe to fork) each worker loads it
+before it accepts traffic.
 Only the chosen backend is imported. On top of each backend's own supervisor:
 
 - SIGTERM drains (:mod:`._drain`): workers answer ``/ping`` and new invocations 503 while requests in flight finish
@@ -24,7 +26,7 @@ import time
 from inference_server import _logging, _models, _plugins, _rundir, _script, metrics
 from inference_server._settings import DEFAULT_HOOKS_ENV, Settings
 from inference_server.errors import ConfigurationError, ModelLoadError, PluginError
-from inference_server.server import _port
+from inference_server.server import _port, _preload
 from inference_server.wsgi._app import App
 
 logger = logging.getLogger("inference_server")
@@ -50,17 +52,20 @@ def server_threads(settings: Settings) -> int:
 
 
 def load_model(app: App) -> None:
-    """Load the model in a worker before it serves; a failure is logged (with its traceback) and /ping says 503."""
+    """Load the model in a worker before it serves, unless it has the one the serving process loaded before it
+    started (:mod:`._preload`); a failure is logged (with its traceback) and /ping says 503."""
     _models.warn_missing_dir = False  # the serving process warned once already
     if app.multi_model is not None:
         app.multi_model.start_watching()
     if app.settings.multi_model:
         return  # models are loaded through /models
-    started = time.perf_counter()
+    started, preloaded = time.perf_counter(), _preload.preloaded()
     with contextlib.suppress(ModelLoadError):
-        app.model()
+        app.model()  # (preloaded: in the store already, the serving process's)
+        if preloaded:
+            logger.info("Worker %d: serving the model loaded before it started (shared)", os.getpid())
         if app.recorder is not None:
-            app.recorder.model_loaded(time.perf_counter() - started)
+            app.recorder.model_loaded(None if preloaded else time.perf_counter() - started)
 
 
 def _log_summary(app: App, chosen_hooks: bool = False) -> list[str]:
@@ -142,17 +147,21 @@ def serve(settings: Settings) -> int:
     The run directory the serving process shares with its workers is made first: the metrics' files live there, and
     the Prometheus client must know it before anything (a plugin) imports it.
     """
+    environment = dict(os.environ)  # as started: what the serving process starts again with (_preload.StartAgain)
     run_dir, pid = _rundir.create(), os.getpid()
     try:
-        if settings.metrics:
-            metrics.use_directory(run_dir)
-        return _serve(settings)
-    finally:
-        if os.getpid() == pid:  # not in a gunicorn worker leaving through this frame (forked from here)
-            _rundir.remove(run_dir)
+        try:
+            if settings.metrics:
+                metrics.use_directory(run_dir)
+            return _serve(settings, environment)
+        finally:
+            if os.getpid() == pid:  # not in a gunicorn worker leaving through this frame (forked from here)
+                _rundir.remove(run_dir)
+    except _preload.StartAgain as again:  # (its run directory removed: the new process makes its own)
+        again.start()
 
 
-def _serve(settings: Settings) -> int:
+def _serve(settings: Settings, environment: dict[str, str]) -> int:
     log_format = _logging.resolve_format(settings.log_format)
     _logging.configure(settings.log_level_number, log_format, background=True)
     os.environ["INFERENCE_SERVER_LOG_FORMAT"] = log_format  # workers write what was resolved here
@@ -177,4 +186,13 @@ def _serve(settings: Settings) -> int:
     if settings.strict and warnings:
         return _cannot_start(f"--strict: {len(warnings)} warning(s) at start-up, the first: {warnings[0]}")
     _raise_file_limit()
+    try:
+        _preload.preload(app, environment)
+    except ModelLoadError as exc:
+        return _cannot_start(f"{exc.description} (in model_fn, its traceback above; --no-preload to serve anyway)")
+    except _preload.StartAgain as again:
+        logger.warning("%s", again.warning)
+        if settings.strict:
+            return _cannot_start(f"--strict: a warning at start-up: {again.warning}")
+        raise
     return backend.run(app)

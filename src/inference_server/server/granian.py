@@ -34,7 +34,16 @@ from granian.server.mp import MPServer, WorkerProcess
 
 from inference_server import _logging, _plugins
 from inference_server._settings import Settings
-from inference_server.server import KEEPALIVE, SLOW_CLIENT_THREADS, _drain, _port, _state, load_model, server_threads
+from inference_server.server import (
+    KEEPALIVE,
+    SLOW_CLIENT_THREADS,
+    _drain,
+    _port,
+    _preload,
+    _state,
+    load_model,
+    server_threads,
+)
 from inference_server.wsgi._app import App, Backend
 from inference_server.wsgi._asgi import AsgiFront
 from inference_server.wsgi._body import Reading
@@ -119,7 +128,7 @@ def granian_asgi_app() -> AsgiFront:
 def granian_app(backend: Backend = BACKEND) -> App:
     """The app factory granian's workers call: the app from the environment (set by ``serve``), model loaded."""
     settings = Settings.from_env()
-    app = App(settings, _plugins.manager(), backend)
+    app = App(settings, _preload.shared or _plugins.manager(), backend)  # (the preloaded model's plugins: its name)
     app.worker = _state.Worker.attach(_state.recycle_by_supervisor, settings.max_requests, settings.max_requests_jitter)
     if app.worker is not None:
         _stop_only_when_asked(app.worker)

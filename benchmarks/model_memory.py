@@ -1,0 +1,290 @@
+"""One model's memory on one machine: what a 400 MB model costs served by 1, 2 and 4 workers, ours against MLServer and
+BentoML on the same model, and small-request throughput with and without the model shared.
+
+The model is a float64 array of ``--model-mb`` MB (400) that this script writes with ``numpy.save`` into a temporary
+folder (made here; nothing is downloaded). Each contender loads it with ``numpy.load`` in its load hook and answers
+``{"sum": ...}`` of its first 8 values to ``POST /invocations`` with ``{"instances": [1]}``:
+
+- "ours": ``inference-server serve --workers N`` (the model loaded once, in the serving process, before the workers
+  fork from it: ``--preload``, the default); "ours --no-preload": each worker loads its own (as before issue 40);
+- MLServer (``parallel_workers: N``, its inference pool; the model in ``MLModel.load``, answered by a custom
+  ``/invocations`` handler); BentoML (``workers=N``; the model in the service's ``__init__``), each from PyPI in its
+  own virtualenv (``_peers.py``).
+
+What is read, from ``/proc/PID/smaps_rollup`` of every process of the server's tree once it is ready and has
+answered 64 invocations, 8 at once on new connections (so that every worker has been asked: BentoML's load the model
+on their first request): each process's PSS (proportional set size: a page shared by k processes counts 1/k in
+each), and each worker's shared and private memory. Two figures per contender, in units of the model's size:
+
+- **the workers' PSS**: the sum over the worker processes (ours: the serving process's children) of their PSS, over
+  the model's size: issue 40's target for ours with 4 workers is <= 1.2x (before it, about 4x: a copy each);
+- **copies**: what the model costs the machine, all of the server's processes together: (the sum of PSS over the
+  whole tree with the model - the same with a 1-value model) / the model's size; 1.0 is one copy per machine.
+
+Throughput (``--workers 2`` only): wrk, 16 connections for 3 s on ``POST /invocations``, ours and ours
+``--no-preload`` alternating for ``--rounds`` rounds (rotating order); medians, with the ratio (target: unchanged).
+
+Run: ``.venv/bin/python benchmarks/model_memory.py`` (about 4 minutes; ``--no-peers`` for ours alone,
+``--workers 4`` for one count).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import http.client
+import json
+import tempfile
+import textwrap
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import _harness as h
+import _peers
+import _results
+import numpy as np
+
+MB = 1 << 20
+BODY = json.dumps({"instances": [1]})
+POST = f"""
+wrk.method = "POST"
+wrk.body = '{BODY}'
+wrk.headers["Content-Type"] = "application/json"
+"""
+
+OURS = """
+    import os
+
+    import numpy as np
+
+    import inference_server
+
+    @inference_server.plugin_hook
+    def model_fn(model_dir):
+        return np.load(os.path.join(model_dir, "weights.npy"))
+
+    @inference_server.plugin_hook
+    def predict_fn(data, model):
+        return {"sum": float(model[:8].sum())}
+"""
+
+MLSERVER = """
+    import os
+    from typing import Any
+
+    import numpy as np
+    from fastapi import Body
+    from mlserver import MLModel
+    from mlserver.handlers import custom_handler
+
+
+    class Weights(MLModel):
+        async def load(self) -> bool:
+            self.weights = np.load(os.path.join(os.environ["BENCH_MODEL_DIR"], "weights.npy"))
+            return True
+
+        @custom_handler(rest_path="/invocations")
+        async def invocations(self, payload: Any = Body()) -> Any:
+            return {"sum": float(self.weights[:8].sum())}
+"""
+
+BENTOML = """
+    import os
+
+    import bentoml
+    import numpy as np
+
+
+    @bentoml.service(workers=int(os.environ["BENCH_WORKERS"]), logging={"access": {"enabled": False}})
+    class Weights:
+        def __init__(self) -> None:
+            self.weights = np.load(os.path.join(os.environ["BENCH_MODEL_DIR"], "weights.npy"))
+
+        @bentoml.api(route="/invocations")
+        def invocations(self, instances: list) -> dict:
+            return {"sum": float(self.weights[:8].sum())}
+"""
+
+
+def tree(pid: int) -> list[int]:
+    """``pid`` and its descendants now."""
+    found = [pid]
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            for child in (task / "children").read_text().split():
+                found += tree(int(child))
+    return found
+
+
+def smaps(pid: int) -> dict[str, int]:
+    """``/proc/PID/smaps_rollup``'s fields, in bytes."""
+    fields = {}
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()[1:]:
+        name, value, *_ = line.split()
+        fields[name.rstrip(":")] = int(value) * 1024
+    return fields
+
+
+def shared(fields: dict[str, int]) -> int:
+    return fields["Shared_Clean"] + fields["Shared_Dirty"]
+
+
+def private(fields: dict[str, int]) -> int:
+    return fields["Private_Clean"] + fields["Private_Dirty"]
+
+
+def answer(port: int) -> None:
+    """One invocation on a new connection, checked."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    connection.request("POST", "/invocations", BODY, {"Content-Type": "application/json"})
+    response = connection.getresponse()
+    body = response.read()
+    connection.close()
+    if response.status != 200 or "sum" not in json.loads(body):
+        raise RuntimeError(f"{response.status} {body[:200]!r}")
+
+
+def answers(port: int, count: int = 64) -> None:
+    """``count`` invocations, 8 at once on new connections, so that every worker is asked (BentoML's workers load
+    the model on their first request)."""
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda _: answer(port), range(count)))
+
+
+Starter = Callable[[contextlib.ExitStack, Path, int], tuple[h.Server, Callable[[], list[int]]]]
+
+
+def ours(*options: str) -> Starter:
+    """Ours with ``options``; its workers are the serving process's children."""
+
+    def start(stack: contextlib.ExitStack, model_dir: Path, workers: int) -> tuple[h.Server, Callable[[], list[int]]]:
+        site = h.plugin_site({"weights_model": OURS})
+        env = h.base_env(
+            PYTHONPATH=str(site), INFERENCE_SERVER_PLUGINS="weights_model", INFERENCE_SERVER_LOG_LEVEL="warning"
+        )
+        port = h.free_port()
+        command = [h.PYTHON, "-m", "inference_server", "serve", "--host", "127.0.0.1", "--port", str(port)]
+        command += ["--workers", str(workers), "--model-dir", str(model_dir), *options]
+        server = stack.enter_context(h.running("ours", command, port, env))
+        return server, lambda: tree(server.process.pid)[1:]
+
+    return start
+
+
+def mlserver(stack: contextlib.ExitStack, model_dir: Path, workers: int) -> tuple[h.Server, Callable[[], list[int]]]:
+    models = {"weights": {"name": "weights", "implementation": "weights_model.Weights"}}
+    env = h.base_env(BENCH_MODEL_DIR=str(model_dir))
+    server, note = _peers.start_mlserver(stack, models, {"weights_model": MLSERVER}, workers, env)
+    if not note.startswith(f"parallel_workers {workers}"):
+        raise RuntimeError(f"MLServer: {note}")
+    return server, lambda: tree(server.process.pid)[1:]
+
+
+def bentoml(stack: contextlib.ExitStack, model_dir: Path, workers: int) -> tuple[h.Server, Callable[[], list[int]]]:
+    site = Path(tempfile.mkdtemp(prefix="bench-bentoml-"))
+    (site / "weights_service.py").write_text(textwrap.dedent(BENTOML))
+    env = h.base_env(BENCH_MODEL_DIR=str(model_dir))
+    server = stack.enter_context(_peers.bentoml(site, "weights_service:Weights", workers, env))
+    return server, lambda: tree(server.process.pid)[1:]
+
+
+@contextlib.contextmanager
+def model(mb: float) -> Iterator[Path]:
+    """A model directory whose ``weights.npy`` is ``mb`` MB of float64 (at least one value)."""
+    with tempfile.TemporaryDirectory(prefix="bench-weights-") as directory:
+        values = max(1, int(mb * MB) // 8)
+        np.save(Path(directory) / "weights.npy", np.arange(values, dtype=np.float64))
+        yield Path(directory)
+
+
+def measure(start: Starter, model_dir: Path, workers: int) -> tuple[int, int, list[dict[str, int]]]:
+    """The sum of PSS over the server's whole tree, over its workers, and each worker's smaps fields."""
+    with contextlib.ExitStack() as stack:
+        server, worker_pids = start(stack, model_dir, workers)
+        answers(server.port)
+        everyone = tree(server.process.pid)
+        chosen = worker_pids()
+        total = sum(smaps(pid)["Pss"] for pid in everyone)
+        each = [smaps(pid) for pid in chosen]
+        return total, sum(fields["Pss"] for fields in each), each
+
+
+def throughput(model_dir: Path, rounds: int) -> dict[str, list[float]]:
+    """Requests/s of ours and ours --no-preload with 2 workers, alternating."""
+    names = {"ours": ours(), "ours --no-preload": ours("--no-preload")}
+    results: dict[str, list[float]] = {name: [] for name in names}
+    for round_ in range(rounds):
+        order = list(names)[round_ % 2 :] + list(names)[: round_ % 2]
+        for name in order:
+            with contextlib.ExitStack() as stack:
+                server, _ = names[name](stack, model_dir, 2)
+                answers(server.port)
+                h.wrk(f"http://127.0.0.1:{server.port}/invocations", 1, 16, POST)  # warm-up
+                results[name].append(h.wrk(f"http://127.0.0.1:{server.port}/invocations", 3, 16, POST))
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4], help="worker counts (default 1 2 4)")
+    parser.add_argument("--model-mb", type=float, default=400, help="the model's size in MB (default 400)")
+    parser.add_argument("--rounds", type=int, default=3, help="throughput rounds (default 3)")
+    parser.add_argument("--no-peers", action="store_true", help="ours alone, without MLServer and BentoML")
+    _results.add_argument(parser)
+    arguments = parser.parse_args()
+    record = _results.Run("model_memory")
+    contenders: dict[str, Starter] = {"ours": ours(), "ours --no-preload": ours("--no-preload")}
+    about = ""
+    if not arguments.no_peers:
+        contenders |= {"MLServer": mlserver, "BentoML": bentoml}
+        about = (
+            f"; MLServer: {_peers.versions(_peers.mlserver_python(), 'mlserver')}, parallel_workers N; "
+            f"BentoML: {_peers.versions(_peers.bentoml_python(), 'bentoml')}, workers=N"
+        )
+    size = arguments.model_mb * MB
+    print(f"{arguments.model_mb:g} MB model; {h.load()}{about}")
+    print("| workers | contender | workers' PSS / model | copies | PSS, all processes | each worker: shared, private |")
+    print("|---|---|---|---|---|---|")
+    with model(arguments.model_mb) as large, model(0) as tiny:
+        for workers in arguments.workers:
+            pss_share: dict[str, float] = {}
+            copies: dict[str, float] = {}
+            details: dict[str, str] = {}
+            for name, start in contenders.items():
+                total, workers_pss, each = measure(start, large, workers)
+                empty, _, _ = measure(start, tiny, workers)
+                pss_share[name], copies[name] = workers_pss / size, (total - empty) / size
+                memory = ", ".join(f"{shared(f) / MB:.0f}/{private(f) / MB:.0f} MB" for f in each)
+                details[name] = f"{total / MB:.0f} MB in all; shared/private per worker: {memory}"
+                row = f"{pss_share[name]:.2f}x | {copies[name]:.2f} | {total / MB:.0f} MB | {memory}"
+                print(f"| {workers} | {name} | {row} |", flush=True)
+            case = f"{workers} worker(s): the model's copies on the machine"
+            record.group(case, "copies", "lower", copies, ["ours"], details)
+            share = f"{workers} worker(s): the workers' PSS over the model's size"
+            record.group(share, "x", "lower", pss_share, ["ours"])
+            if workers == 4:
+                record.compare(share, "ours", None, target="<= 1.2")
+            for peer in ("ours --no-preload", "MLServer", "BentoML"):
+                if peer in copies:
+                    record.compare(case, "ours", peer)
+        if 2 in arguments.workers:
+            rates = throughput(large, arguments.rounds)
+            medians = {name: h.median(values) for name, values in rates.items()}
+            for name, values in rates.items():
+                print(f"{name}: {medians[name]:.0f} requests/s ({h.spread(values)}), 2 workers")
+            ratio = medians["ours"] / medians["ours --no-preload"]
+            print(f"ours / ours --no-preload: {ratio:.2f}x (target: unchanged)")
+            spreads = {name: h.spread(values) for name, values in rates.items()}
+            record.group("2 workers: POST /invocations", "requests/s", "higher", medians, ["ours"], spreads)
+            record.compare("2 workers: POST /invocations", "ours", "ours --no-preload")
+    print(h.load())
+    setup = (
+        f"a {arguments.model_mb:g} MB float64 array loaded with numpy.load; PSS from /proc/PID/smaps_rollup after 64 "
+        "invocations, 8 at once; copies: (PSS of every process with the model - with a 1-value model) / its size"
+    )
+    record.write(arguments.results, "One model's memory (model_memory.py)", setup)
+
+
+if __name__ == "__main__":
+    main()
