@@ -24,8 +24,17 @@ each), and each worker's shared and private memory. Two figures per contender, i
 Throughput (``--workers 2`` only): wrk, 16 connections for 3 s on ``POST /invocations``, ours and ours
 ``--no-preload`` alternating for ``--rounds`` rounds (rotating order); medians, with the ratio (target: unchanged).
 
-Run: ``.venv/bin/python benchmarks/model_memory.py`` (about 4 minutes; ``--no-peers`` for ours alone,
-``--workers 4`` for one count).
+``--multi-model``: models loaded after the workers start, where ``fork`` cannot share them: ``--models`` (20) models
+of ``--model-mb`` MB (use 50), each loaded through ``POST /models`` of ``serve --multi-model --workers N`` (the
+first of ``--workers``; use 4) and invoked until every worker has answered it (each invocation sums the whole array:
+every page read), ours with ``model_fn`` returning ``inference_server.mapped(path)`` (the file's pages, shared
+through the page cache) and returning ``numpy.load(path)`` (a copy per worker); MLServer with the same models in its
+repository, each loaded at start by every worker of its pool (BentoML has no multi-model endpoint). *Copies*: the
+growth of PSS over every process / the models' total size (issue 40's target for ours: <= 1.3; MLServer's growth is
+measured against the same repository of 1-value models).
+
+Run: ``.venv/bin/python benchmarks/model_memory.py`` (about 6 minutes; ``--no-peers`` for ours alone,
+``--workers 4`` for one count); ``--multi-model --workers 4 --model-mb 50`` (a minute or two).
 """
 
 from __future__ import annotations
@@ -39,6 +48,7 @@ import textwrap
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import _harness as h
 import _peers
@@ -81,7 +91,9 @@ MLSERVER = """
 
     class Weights(MLModel):
         async def load(self) -> bool:
-            self.weights = np.load(os.path.join(os.environ["BENCH_MODEL_DIR"], "weights.npy"))
+            parameters = self.settings.parameters
+            directory = parameters.uri if parameters and parameters.uri else os.environ["BENCH_MODEL_DIR"]
+            self.weights = np.load(os.path.join(directory, "weights.npy"))
             return True
 
         @custom_handler(rest_path="/invocations")
@@ -104,6 +116,24 @@ BENTOML = """
         @bentoml.api(route="/invocations")
         def invocations(self, instances: list) -> dict:
             return {"sum": float(self.weights[:8].sum())}
+"""
+
+
+MULTI_OURS = """
+    import os
+
+    import numpy as np
+
+    import inference_server
+
+    @inference_server.plugin_hook
+    def model_fn(model_dir):
+        path = os.path.join(model_dir, "weights.npy")
+        return inference_server.mapped(path) if os.environ.get("BENCH_MAPPED") else np.load(path)
+
+    @inference_server.plugin_hook
+    def predict_fn(data, model):
+        return {"pid": os.getpid(), "sum": float(model.sum())}  # (every page read: a mapped one becomes resident)
 """
 
 
@@ -210,6 +240,103 @@ def measure(start: Starter, model_dir: Path, workers: int) -> tuple[int, int, li
         return total, sum(fields["Pss"] for fields in each), each
 
 
+def post(port: int, path: str, body: bytes) -> tuple[int, dict[str, Any]]:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    try:
+        connection.request("POST", path, body, {"Content-Type": "application/json"})
+        response = connection.getresponse()
+        return response.status, json.loads(response.read())
+    finally:
+        connection.close()
+
+
+def multi_ours(root: Path, names: list[str], workers: int, mapped: bool) -> float:
+    """Ours' PSS growth (bytes, every process) from the empty multi-model server to every model loaded through
+    ``POST /models`` and invoked on every worker."""
+    site = h.plugin_site({"weights_models": MULTI_OURS})
+    env = h.base_env(
+        PYTHONPATH=str(site), INFERENCE_SERVER_PLUGINS="weights_models", INFERENCE_SERVER_LOG_LEVEL="warning"
+    )
+    if mapped:
+        env["BENCH_MAPPED"] = "1"
+    port = h.free_port()
+    command = [h.PYTHON, "-m", "inference_server", "serve", "--host", "127.0.0.1", "--port", str(port)]
+    command += ["--multi-model", "--workers", str(workers), "--allow-model-dir", str(root)]
+    with h.running("ours", command, port, env) as server, ThreadPoolExecutor(8) as pool:
+        empty = sum(smaps(pid)["Pss"] for pid in tree(server.process.pid))
+        for name in names:
+            status, answer = post(port, "/models", json.dumps({"model_name": name, "url": str(root / name)}).encode())
+            if status != 200:
+                raise RuntimeError(f"loading {name}: {status} {answer}")
+            seen: set[int] = set()
+            for _ in range(50):
+                path = f"/models/{name}/invoke"
+                replies = list(pool.map(post, [port] * 8, [path] * 8, [b"[1]"] * 8))
+                seen |= {answer["pid"] for status, answer in replies if status == 200}
+                if len(seen) == workers:
+                    break
+            else:
+                raise RuntimeError(f"{name} did not reach all {workers} workers: {seen}")
+        return sum(smaps(pid)["Pss"] for pid in tree(server.process.pid)) - empty
+
+
+def multi_mlserver(root: Path, tiny: Path, names: list[str], workers: int) -> float:
+    """MLServer's PSS growth (bytes, every process) between its repository of tiny models and of the real ones, each
+    loaded at start by every worker of its inference pool."""
+    totals = []
+    for directory in (tiny, root):
+        models = {
+            name: {
+                "name": name,
+                "implementation": "weights_model.Weights",
+                "parameters": {"uri": str(directory / name)},
+            }
+            for name in names
+        }
+        with contextlib.ExitStack() as stack:
+            server, note = _peers.start_mlserver(stack, models, {"weights_model": MLSERVER}, workers, h.base_env())
+            if not note.startswith(f"parallel_workers {workers}"):
+                raise RuntimeError(f"MLServer: {note}")
+            totals.append(sum(smaps(pid)["Pss"] for pid in tree(server.process.pid)))
+    return totals[1] - totals[0]
+
+
+def multi_model(arguments: argparse.Namespace) -> None:
+    """The multi-model case: ``--models`` models of ``--model-mb`` MB each on ``--workers`` workers (the first)."""
+    workers, count, mb = arguments.workers[0], arguments.models, arguments.model_mb
+    record = _results.Run("model_memory", "multi")
+    names = [f"m{i:02d}" for i in range(count)]
+    total = count * mb * MB
+    print(f"{count} models of {mb:g} MB on {workers} workers; {h.load()}")
+    with tempfile.TemporaryDirectory(prefix="bench-models-") as directory:
+        root, tiny = Path(directory) / "models", Path(directory) / "tiny"
+        for i, name in enumerate(names):
+            for where, values in ((root, int(mb * MB) // 8), (tiny, 1)):
+                (where / name).mkdir(parents=True)
+                np.save(where / name / "weights.npy", np.arange(values, dtype=np.float64) + i)
+        copies = {
+            "ours, inference_server.mapped": multi_ours(root, names, workers, mapped=True) / total,
+            "ours, numpy.load": multi_ours(root, names, workers, mapped=False) / total,
+        }
+        if not arguments.no_peers:
+            copies["MLServer"] = multi_mlserver(root, tiny, names, workers) / total
+    for name, value in copies.items():
+        print(f"| {name} | {value:.2f} copies |", flush=True)
+    case = f"{count} models of {mb:g} MB, {workers} workers: copies of the models on the machine"
+    record.group(case, "copies", "lower", copies, ["ours, inference_server.mapped", "ours, numpy.load"])
+    record.compare(case, "ours, inference_server.mapped", None, target="<= 1.3")
+    for other in ("ours, numpy.load", "MLServer"):
+        if other in copies:
+            record.compare(case, "ours, inference_server.mapped", other)
+    print(h.load())
+    setup = (
+        f"{count} models of {mb:g} MB (float64 .npy), serve --multi-model --workers {workers}: each loaded through "
+        "POST /models and invoked on every worker (its whole array summed); MLServer: parallel_workers, every model "
+        "in its repository, loaded at start by each worker; copies: PSS growth of every process / the models' size"
+    )
+    record.write(arguments.results, "Multi-model memory, shared (model_memory.py --multi-model)", setup)
+
+
 def throughput(model_dir: Path, rounds: int) -> dict[str, list[float]]:
     """Requests/s of ours and ours --no-preload with 2 workers, alternating."""
     names = {"ours": ours(), "ours --no-preload": ours("--no-preload")}
@@ -231,8 +358,15 @@ def main() -> None:
     parser.add_argument("--model-mb", type=float, default=400, help="the model's size in MB (default 400)")
     parser.add_argument("--rounds", type=int, default=3, help="throughput rounds (default 3)")
     parser.add_argument("--no-peers", action="store_true", help="ours alone, without MLServer and BentoML")
+    parser.add_argument(
+        "--multi-model", action="store_true", help="the multi-model case (--models of --model-mb on --workers)"
+    )
+    parser.add_argument("--models", type=int, default=20, help="models of the multi-model case (default 20)")
     _results.add_argument(parser)
     arguments = parser.parse_args()
+    if arguments.multi_model:
+        multi_model(arguments)
+        return
     record = _results.Run("model_memory")
     contenders: dict[str, Starter] = {"ours": ours(), "ours --no-preload": ours("--no-preload")}
     about = ""

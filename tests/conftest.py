@@ -302,6 +302,15 @@ ARRIVED = """
 """
 
 
+def smaps_rollup(pid: int) -> dict[str, int]:
+    """Process ``pid``'s memory from ``/proc/PID/smaps_rollup``: bytes by field (``Pss``, ``Shared_Dirty``, ...)."""
+    fields = {}
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()[1:]:
+        name, value, *_ = line.split()
+        fields[name.rstrip(":")] = int(value) * 1024
+    return fields
+
+
 class Arrivals:
     """The file a test model's :data:`ARRIVED` code appends to: how many calls have begun, and a wait for them."""
 

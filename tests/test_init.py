@@ -9,7 +9,7 @@ import inference_server
 def test_all_lists_exactly_the_public_names() -> None:
     """``__all__`` is the documented public API, nothing more, nothing less."""
     assert sorted(inference_server.__all__) == sorted(
-        ["BatchStrategy", "MIMEAccept", "__version__", "create_app", "plugin_hook", "warmup"]
+        ["BatchStrategy", "MIMEAccept", "__version__", "create_app", "mapped", "plugin_hook", "warmup"]
     )
     public = {name for name in dir(inference_server) if not name.startswith("_")}
     modules = {name for name in public if type(getattr(inference_server, name)).__name__ == "module"}

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from inference_server.server import _preload
-from tests.conftest import ServerFactory, wait_until
+from tests.conftest import ServerFactory, smaps_rollup, wait_until
 
 MIB = 1 << 20
 #: The model: an array this large, every page of it written (resident) by model_fn.
@@ -79,22 +79,13 @@ def _answering(server: Any, count: int) -> set[int]:
     return seen
 
 
-def _memory(pid: int) -> dict[str, int]:
-    """Process ``pid``'s memory from ``/proc/PID/smaps_rollup``: bytes by field (``Pss``, ``Shared_Dirty``, ...)."""
-    fields = {}
-    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()[1:]:
-        name, value, *_ = line.split()
-        fields[name.rstrip(":")] = int(value) * 1024
-    return fields
-
-
 def _shared(pid: int) -> int:
-    memory = _memory(pid)
+    memory = smaps_rollup(pid)
     return memory["Shared_Clean"] + memory["Shared_Dirty"]
 
 
 def _private(pid: int) -> int:
-    memory = _memory(pid)
+    memory = smaps_rollup(pid)
     return memory["Private_Clean"] + memory["Private_Dirty"]
 
 
@@ -106,8 +97,8 @@ def test_workers_share_the_model_the_serving_process_loaded(
     workers = _answering(server, 2)
     assert _calls(tmp_path) == [server.process.pid]
     for pid in workers:
-        assert _shared(pid) >= ARRAY_MIB * MIB, _memory(pid)
-        assert _private(pid) < ARRAY_MIB * MIB, _memory(pid)
+        assert _shared(pid) >= ARRAY_MIB * MIB, smaps_rollup(pid)
+        assert _private(pid) < ARRAY_MIB * MIB, smaps_rollup(pid)
     assert "before starting the workers: they share its memory" in server.output()
     assert server.metric("inference_server_model_loads_total") == 1
     assert server.metric("inference_server_model_loaded") == 2
@@ -119,7 +110,7 @@ def test_without_preload_each_worker_loads_a_copy(servers: ServerFactory, backen
     workers = _answering(server, 2)
     assert sorted(_calls(tmp_path)) == sorted(workers)
     for pid in workers:
-        assert _private(pid) >= ARRAY_MIB * MIB, _memory(pid)
+        assert _private(pid) >= ARRAY_MIB * MIB, smaps_rollup(pid)
     assert server.metric("inference_server_model_loads_total") == 2
 
 
@@ -135,7 +126,7 @@ def test_a_replaced_worker_shares_the_model_without_loading_it(
     (successor,) = server.workers() - first
     assert _answering(server, 2) == (first - {killed}) | {successor}
     assert _calls(tmp_path) == [server.process.pid]
-    assert _shared(successor) >= ARRAY_MIB * MIB, _memory(successor)
+    assert _shared(successor) >= ARRAY_MIB * MIB, smaps_rollup(successor)
 
 
 def test_a_model_fn_that_leaves_a_thread_running_is_loaded_by_each_worker(
@@ -152,7 +143,7 @@ def test_a_model_fn_that_leaves_a_thread_running_is_loaded_by_each_worker(
     assert "--no-preload" in warnings[0]
     assert "Started again: each worker loads the model" in server.output()
     for pid in workers:
-        assert _private(pid) >= ARRAY_MIB * MIB, _memory(pid)
+        assert _private(pid) >= ARRAY_MIB * MIB, smaps_rollup(pid)
 
 
 def test_strict_refuses_a_model_that_cannot_be_preloaded(

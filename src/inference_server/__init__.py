@@ -1,8 +1,8 @@
 """Turn a model package into an HTTP inference service that speaks the Amazon SageMaker container contract.
 
-``create_app``, ``warmup``, ``plugin_hook`` and ``MIMEAccept`` are resolved on first use (as pluggy resolves its
-``__version__``), so that ``import inference_server.client`` or ``inference_server.codecs`` loads neither the WSGI
-app nor pluggy nor the server.
+``create_app``, ``warmup``, ``plugin_hook``, ``mapped`` and ``MIMEAccept`` are resolved on first use (as pluggy
+resolves its ``__version__``), so that ``import inference_server.client`` or ``inference_server.codecs`` loads neither
+the WSGI app nor pluggy nor the server.
 """
 
 import importlib
@@ -15,14 +15,16 @@ if typing.TYPE_CHECKING:
     from werkzeug.datastructures import MIMEAccept
 
     from inference_server._hookspecs import plugin_hook
+    from inference_server._mapped import mapped
     from inference_server.wsgi._app import create_app, warmup
 
-__all__ = ["BatchStrategy", "MIMEAccept", "__version__", "create_app", "plugin_hook", "warmup"]
+__all__ = ["BatchStrategy", "MIMEAccept", "__version__", "create_app", "mapped", "plugin_hook", "warmup"]
 
 #: Public names defined elsewhere: name -> the module that defines it, imported on first use.
 _LAZY = {
     "MIMEAccept": "werkzeug.datastructures",
     "create_app": "inference_server.wsgi._app",
+    "mapped": "inference_server._mapped",
     "plugin_hook": "inference_server._hookspecs",
     "warmup": "inference_server.wsgi._app",
 }
