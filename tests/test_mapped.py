@@ -3,8 +3,10 @@ that the workers loading one file share its pages; what cannot be mapped is read
 
 from __future__ import annotations
 
+import io
 import json
 import logging
+import re
 import struct
 from pathlib import Path
 from typing import Any
@@ -64,7 +66,7 @@ def test_a_compressed_npz_is_read_with_a_debug_line(tmp_path: Path, caplog: pyte
         found = mapped(tmp_path / "model.npz")
     _same(found, expected)
     assert not any(isinstance(array, np.memmap) for array in found.values())
-    assert "weights.npy is compressed, so it is read into memory, not mapped" in caplog.text
+    assert "weights.npy cannot be mapped (it is compressed, or its .npy header is of version 3)" in caplog.text
 
 
 def test_a_safetensors_file_maps_every_tensor(tmp_path: Path) -> None:
@@ -73,6 +75,7 @@ def test_a_safetensors_file_maps_every_tensor(tmp_path: Path) -> None:
     safetensors.numpy.save_file(expected, str(tmp_path / "model.safetensors"), metadata={"format": "np"})
     found = mapped(tmp_path / "model.safetensors")
     _same(found, expected)
+    assert all(isinstance(array, np.memmap) for array in found.values() if array.size)  # (the file's, not copies)
     assert not found["weights"].flags.writeable
 
 
@@ -93,6 +96,12 @@ def _safetensors(path: Path, header: Any, data: bytes = b"", length: int | None 
         ([1, 2], b"", None, "not a JSON object"),
         ({}, b"", 10**9, "more than 100000000"),
         ({}, b"", 10**6, "the file ends inside its 1000000-byte header"),
+        ({"w": {"dtype": "F32", "shape": [2**70], "data_offsets": [0, 8]}}, b"\0" * 8, None, "non-negative integer"),
+        ({"w": {"dtype": "F32", "shape": [2.9], "data_offsets": [0, 8]}}, b"\0" * 8, None, "non-negative integer"),
+        ({"w": {"dtype": "F32", "shape": "12", "data_offsets": [0, 8]}}, b"\0" * 8, None, "not a list"),
+        ({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0]}}, b"\0" * 8, None, "not a list of 2"),
+        ({"w": [1]}, b"", None, "not described by a JSON object"),
+        ({"w": {"dtype": ["F32"], "shape": [2], "data_offsets": [0, 8]}}, b"\0" * 8, None, "NumPy has no dtype"),
     ],
 )
 def test_a_malformed_safetensors_file_is_refused_saying_why(
@@ -105,6 +114,51 @@ def test_a_malformed_safetensors_file_is_refused_saying_why(
         mapped(path)
     assert message in str(raised.value)
     assert str(path) in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (b'{"w": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}, "w": {"dtype": "U8", "shape": [1], '
+         b'"data_offsets": [0, 1]}}', "names a key twice"),
+        (b"[" * 100_000 + b"]" * 100_000, "not a readable"),
+        (b'{"w": {"dtype": "F32", "shape": [Infinity], "data_offsets": [0, 4]}}', "non-negative integer"),
+    ],
+)  # fmt: skip
+def test_a_hostile_safetensors_header_is_refused(tmp_path: Path, raw: bytes, message: str) -> None:
+    """Repeated names, a header nested past Python's recursion limit, Infinity as a size: each a ValueError."""
+    path = tmp_path / "hostile.safetensors"
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + b"\0")
+    with pytest.raises(ValueError, match=message):
+        mapped(path)
+
+
+def test_hostile_npy_and_npz_files_are_refused(tmp_path: Path) -> None:
+    """A missing, empty or zip-in-disguise .npy, an .npz member whose header claims more than it holds, and one whose
+    compressed data is corrupt: each a ValueError naming the file."""
+    (tmp_path / "empty.npy").write_bytes(b"")
+    disguised = io.BytesIO()
+    np.savez(disguised, w=np.arange(3))
+    (tmp_path / "disguised.npy").write_bytes(disguised.getvalue())
+    huge = tmp_path / "huge.npz"
+    np.savez(huge, w=np.arange(4.0))
+    data = huge.read_bytes()
+    huge.write_bytes(data.replace(b"'shape': (4,)", b"'shape': (9,)", 1))
+    corrupt = tmp_path / "corrupt.npz"
+    np.savez_compressed(corrupt, w=np.arange(1000.0))
+    data = bytearray(corrupt.read_bytes())
+    data[80:120] = b"\xff" * 40
+    corrupt.write_bytes(bytes(data))
+    for name, message in [
+        ("missing.npy", "not a readable .npy file"),
+        ("empty.npy", "not a readable .npy file"),
+        ("disguised.npy", "it is a zip archive"),
+        ("huge.npz", "header does not match its size"),
+        ("corrupt.npz", "not a readable .npz file"),
+    ]:
+        with pytest.raises(ValueError, match=re.escape(message)) as raised:
+            mapped(tmp_path / name)
+        assert name in str(raised.value)
 
 
 def test_arrays_of_objects_are_never_unpickled(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ cannot cross a fork is found, and such a model is loaded by each worker instead.
 from __future__ import annotations
 
 import _thread
+import dataclasses
 import os
 import signal
 import socket
@@ -233,11 +234,57 @@ def test_a_thread_outside_threading_is_a_native_leftover() -> None:
     release.acquire()
     _thread.start_new_thread(release.acquire, ())  # (a thread that threading.enumerate() does not show)
     try:
-        assert _preload.leftovers(before) == [
-            "1 native thread(s) running (a thread pool: OpenMP, BLAS or the model's own)"
-        ]
+        assert _preload.leftovers(before) == ["1 native thread(s) running (a thread pool: OpenMP or the model's own)"]
     finally:
         release.release()
+
+
+def test_an_openblas_pool_and_jemalloc_are_not_leftovers() -> None:
+    """An OpenBLAS library loaded meanwhile starts its pool (fork-safe: it is stopped and started again around a
+    fork), as many threads as it computes with less one; jemalloc's background thread is fork-safe too. One thread
+    more is a pool that is not (OpenMP's)."""
+    before = _preload._Process.now()
+    pool = _preload._blas_threads()
+    tasks = {(10_000_000 + i, "python") for i in range(pool)} | {(20_000_000, "jemalloc_bg_thd")}
+    loaded = frozenset({"/site-packages/scipy_openblas32/lib/libscipy_openblas.so"})
+    after = dataclasses.replace(before, tasks=before.tasks | tasks, blas=before.blas | loaded)
+    assert _preload._leftovers(before, after) == []
+    omp = dataclasses.replace(after, tasks=after.tasks | {(30_000_000, "python")})
+    assert _preload._leftovers(before, omp) == ["1 native thread(s) running (a thread pool: OpenMP or the model's own)"]
+    assert _preload._leftovers(before, dataclasses.replace(omp, blas=before.blas)) == [
+        f"{pool + 1} native thread(s) running (a thread pool: OpenMP or the model's own)"
+    ]
+
+
+def test_a_scikit_learn_import_in_model_fn_is_preloaded(
+    servers: ServerFactory, plugin_site: Any, tmp_path: Path
+) -> None:
+    """model_fn importing scikit-learn (what unpickling its model does) starts scipy's OpenBLAS pool: fork-safe, so the
+    model is still loaded once and shared, and the workers' estimator answers."""
+    plugin_site.add(
+        "sklearn_inside",
+        """
+        import os
+        import inference_server
+
+        @inference_server.plugin_hook
+        def model_fn(model_dir):
+            with open(os.environ["CALLS"], "a") as calls:
+                calls.write(f"{os.getpid()}\\n")
+            from sklearn.linear_model import LinearRegression
+
+            return LinearRegression().fit([[0.0], [1.0], [2.0]], [0.0, 2.0, 4.0])
+
+        @inference_server.plugin_hook
+        def predict_fn(data, model):
+            return [round(value, 6) for value in model.predict([[float(data[0])]]).tolist()]
+        """,
+    )
+    server = servers.start("--workers", "2", "--model-dir", str(tmp_path), env={"CALLS": str(tmp_path / "calls")})
+    reply = server.request("POST", "/invocations", b"[3]", {"Content-Type": "application/json"})
+    assert (reply.status, reply.json()) == (200, [6.0])
+    assert _calls(tmp_path) == [server.process.pid]
+    assert "model_fn left" not in server.output()
 
 
 def _epoll() -> Any:

@@ -10,22 +10,36 @@ unpickled: an array of Python objects is refused, as the codecs refuse it.
 
 A part of a file that cannot be mapped is read into memory instead, with a DEBUG line saying so: a compressed member of
 an ``.npz`` (``numpy.savez_compressed``). The arrays are read-only: a model that writes to its weights gets an error
-at the write, not a private copy of the page.
+at the write, not a private copy of the page. An ``.npz`` member's data lies where the zip format puts it, not aligned
+to its dtype (the zip header before it shifts numpy's padding), and NumPy copies unaligned operands before some
+operations (a matrix product through BLAS): ``.npy`` and safetensors files keep their data aligned.
+
+A file that is malformed, cut short or hostile (offsets past its end, a shape larger than its data, a header of
+absurd size or depth) is a :class:`ValueError` that names it and says what is wrong, never a view past its end.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import lzma
+import math
 import os
 import struct
 import zipfile
+import zlib
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 logger = logging.getLogger("inference_server")
+
+#: What reading a malformed or hostile file can raise, each turned into a :class:`ValueError` naming the file.
+_UNREADABLE = (
+    OSError, EOFError, ValueError, TypeError, KeyError, OverflowError, RecursionError, NotImplementedError,
+    struct.error, zipfile.BadZipFile, zlib.error, lzma.LZMAError, UnicodeDecodeError,
+)  # fmt: skip
 
 #: The largest safetensors header read (its format's own limit is 100 MB).
 MAX_HEADER = 100_000_000
@@ -44,9 +58,13 @@ def mapped(path: str | os.PathLike[str]) -> Any:
     suffix = path.suffix.lower()
     if suffix == ".npy":
         try:
-            return np.load(path, mmap_mode="r", allow_pickle=False)
-        except ValueError as exc:
-            raise ValueError(f"{path}: {exc}") from None
+            array = np.load(path, mmap_mode="r", allow_pickle=False)
+        except _UNREADABLE as exc:
+            raise ValueError(f"{path}: not a readable .npy file: {exc}") from None
+        if not isinstance(array, np.ndarray):  # (a zip archive: numpy.load gives an NpzFile)
+            array.close()
+            raise ValueError(f"{path}: not a readable .npy file: it is a zip archive (.npz)")
+        return array
     if suffix == ".npz":
         return _npz(path)
     if suffix == ".safetensors":
@@ -66,11 +84,17 @@ def _npz(path: Path) -> dict[str, np.ndarray]:
                 name = member.filename.removesuffix(".npy")
                 array = _stored(file, member) if member.compress_type == zipfile.ZIP_STORED else None
                 if array is None:
-                    logger.debug("%s: %s is compressed, so it is read into memory, not mapped", path, member.filename)
+                    logger.debug(
+                        "%s: %s cannot be mapped (it is compressed, or its .npy header is of version 3), so it is "
+                        "read into memory",
+                        path,
+                        member.filename,
+                    )
                     with archive.open(member) as data:
                         array = np.lib.format.read_array(data, allow_pickle=False)
+                    array.flags.writeable = False
                 arrays[name] = array
-    except (zipfile.BadZipFile, EOFError, OSError, struct.error, ValueError) as exc:
+    except _UNREADABLE as exc:
         raise ValueError(f"{path}: not a readable .npz file: {exc}") from None
     return arrays
 
@@ -95,11 +119,13 @@ def _stored(file: Any, member: zipfile.ZipInfo) -> np.ndarray | None:
     if dtype.hasobject:
         raise ValueError(f"{member.filename} holds Python objects, which are never unpickled")
     offset = file.tell()
-    size = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    size = math.prod(shape) * dtype.itemsize  # (Python's integers: a hostile shape cannot overflow)
     if offset - start + size != member.file_size:
         raise ValueError(f"{member.filename}'s header does not match its size")
     if size == 0:
-        return np.empty(shape, dtype)
+        empty = np.empty(shape, dtype)
+        empty.flags.writeable = False
+        return empty
     return np.memmap(file.name, dtype=dtype, mode="r", offset=offset, shape=shape, order="F" if fortran else "C")
 
 
@@ -112,7 +138,7 @@ def _safetensors(path: Path) -> dict[str, np.ndarray]:
             raw = file.read(length)
             if len(raw) != length:
                 raise ValueError(f"the file ends inside its {length}-byte header")
-            header = json.loads(raw)
+            header = json.loads(raw, object_pairs_hook=_once)
         if not isinstance(header, dict):
             raise ValueError("its header is not a JSON object")
         start, whole = 8 + length, np.memmap(path, dtype=np.uint8, mode="r")
@@ -121,24 +147,40 @@ def _safetensors(path: Path) -> dict[str, np.ndarray]:
             if name == "__metadata__":
                 continue
             arrays[name] = _tensor(name, tensor, whole, start)
-    except (OSError, struct.error, UnicodeDecodeError, json.JSONDecodeError, ValueError, TypeError, KeyError) as exc:
+    except _UNREADABLE as exc:
         raise ValueError(f"{path}: not a readable .safetensors file: {exc}") from None
     return arrays
 
 
-def _tensor(name: str, tensor: dict[str, Any], whole: np.memmap, start: int) -> np.ndarray:
+def _once(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are each given once (a repeated tensor name is refused, not the last one kept)."""
+    found = dict(pairs)
+    if len(found) != len(pairs):
+        raise ValueError("its header names a key twice")
+    return found
+
+
+def _integers(value: Any, what: str, count: int | None = None) -> list[int]:
+    """``value`` as a list of non-negative integers below 2**63 (``count`` of them, if given), else ValueError."""
+    if not isinstance(value, list) or (count is not None and len(value) != count):
+        raise ValueError(f"its {what} is not a list of {count or 'some'} integers")
+    if not all(type(n) is int and 0 <= n < 1 << 63 for n in value):
+        raise ValueError(f"its {what} holds something other than a non-negative integer")
+    return value
+
+
+def _tensor(name: str, tensor: Any, whole: np.memmap, start: int) -> np.ndarray:
+    if not isinstance(tensor, dict):
+        raise ValueError(f"tensor {name!r} is not described by a JSON object")
     kind = tensor["dtype"]
-    if kind not in _SAFETENSORS_DTYPES:
+    if not isinstance(kind, str) or kind not in _SAFETENSORS_DTYPES:
         raise ValueError(
             f"tensor {name!r} is {kind}, which NumPy has no dtype for: load it with safetensors' own loader "
             "(safetensors.safe_open), which maps it too"
         )
     dtype = np.dtype(_SAFETENSORS_DTYPES[kind])
-    shape = tuple(int(n) for n in tensor["shape"])
-    begin, end = (int(n) for n in tensor["data_offsets"])
-    if (
-        not 0 <= begin <= end <= whole.size - start
-        or end - begin != int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    ):
+    shape = tuple(_integers(tensor["shape"], f"tensor {name!r}'s shape"))
+    begin, end = _integers(tensor["data_offsets"], f"tensor {name!r}'s data_offsets", 2)
+    if not 0 <= begin <= end <= whole.size - start or end - begin != math.prod(shape) * dtype.itemsize:
         raise ValueError(f"tensor {name!r}'s offsets do not match its shape and the file")
     return whole[start + begin : start + end].view(dtype).reshape(shape)

@@ -147,13 +147,13 @@ def serve(settings: Settings) -> int:
     The run directory the serving process shares with its workers is made first: the metrics' files live there, and
     the Prometheus client must know it before anything (a plugin) imports it.
     """
-    environment = dict(os.environ)  # as started: what the serving process starts again with (_preload.StartAgain)
+    started = _preload.Started.now()  # what the serving process starts again with (_preload.StartAgain)
     run_dir, pid = _rundir.create(), os.getpid()
     try:
         try:
             if settings.metrics:
                 metrics.use_directory(run_dir)
-            return _serve(settings, environment)
+            return _serve(settings, started)
         finally:
             if os.getpid() == pid:  # not in a gunicorn worker leaving through this frame (forked from here)
                 _rundir.remove(run_dir)
@@ -161,7 +161,7 @@ def serve(settings: Settings) -> int:
         again.start()
 
 
-def _serve(settings: Settings, environment: dict[str, str]) -> int:
+def _serve(settings: Settings, started: _preload.Started) -> int:
     log_format = _logging.resolve_format(settings.log_format)
     _logging.configure(settings.log_level_number, log_format, background=True)
     os.environ["INFERENCE_SERVER_LOG_FORMAT"] = log_format  # workers write what was resolved here
@@ -187,7 +187,7 @@ def _serve(settings: Settings, environment: dict[str, str]) -> int:
         return _cannot_start(f"--strict: {len(warnings)} warning(s) at start-up, the first: {warnings[0]}")
     _raise_file_limit()
     try:
-        _preload.preload(app, environment)
+        _preload.preload(app, started)
     except ModelLoadError as exc:
         return _cannot_start(f"{exc.description} (in model_fn, its traceback above; --no-preload to serve anyway)")
     except _preload.StartAgain as again:
