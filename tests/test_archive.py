@@ -431,8 +431,16 @@ UNPACKER = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
+    from inference_server import _archive
     from inference_server._archive import unpack
 
+    extract = _archive._extract
+
+    def counted(*args, **kwargs):  # (the real extraction, said on stderr)
+        print("extracting", file=sys.stderr, flush=True)
+        return extract(*args, **kwargs)
+
+    _archive._extract = counted
     archive, cache, ready, go = map(Path, sys.argv[1:])
     ready.touch()
     deadline = time.monotonic() + 30
@@ -446,7 +454,8 @@ UNPACKER = textwrap.dedent(
 
 
 def test_processes_unpacking_the_same_archive_at_once_share_one_copy(tmp_path: Path, cache: Path) -> None:
-    """Four processes unpacking one archive at the same moment all get the same directory; one copy is left."""
+    """Four processes unpacking one archive at the same moment all get the same directory, one of them extracts it
+    (the others wait for it), and one copy is left."""
     files = [_file(f"weights/{index:03}.bin", os.urandom(64 << 10)) for index in range(200)]
     archive = _tar(tmp_path / "model.tar.gz", files)
     go = tmp_path / "go"
@@ -473,6 +482,7 @@ def test_processes_unpacking_the_same_archive_at_once_share_one_copy(tmp_path: P
             process.wait()
     assert [process.returncode for process in processes] == [0] * 4, [error for _, error in results]
     assert len({output.strip() for output, _ in results}) == 1
+    assert sum(error.count("extracting") for _, error in results) == 1
     unpacked = Path(results[0][0].strip())
     assert [entry.name for entry in cache.iterdir()] == [unpacked.name]
     assert len(list((unpacked / "weights").iterdir())) == 200

@@ -451,9 +451,10 @@ def test_sigterm_while_a_worker_loads_its_model_stops_at_once(
     servers: Any, plugin_site: Any, tmp_path: Path, backend: str
 ) -> None:
     """SIGTERM to the serving process while one worker serves and another is still loading: the loading worker
-    stops at once, not after the load and the graceful timeout; exit 0."""
+    stops at once, not after the load and the graceful timeout; exit 0. (--no-preload: workers load the model.)"""
     plugin_site.add("slow_loader", ONE_SLOW_LOADER)
-    server = servers.start("--server", backend, "--workers", "2", env={"FIRST_LOADER": str(tmp_path / "first")})
+    environment = {"FIRST_LOADER": str(tmp_path / "first")}
+    server = servers.start("--server", backend, "--workers", "2", "--no-preload", env=environment)
     started = time.monotonic()
     assert server.stop(signal.SIGTERM, timeout=30) == 0
     assert time.monotonic() - started < 10

@@ -22,7 +22,9 @@ Extraction is one pass: checking every header first would decompress a large ``.
 while its first request waits. The cost is that an archive refused for a late member has written the earlier ones,
 into a temporary directory that is then removed. The unpacked directory appears only by an atomic ``os.rename`` of
 that temporary directory, named for the archive's resolved path, size and modification time: a second call, or another
-worker process, finds it complete or not at all, and a changed archive unpacks anew. Copies of older versions stay in
+worker process, finds it complete or not at all, and a changed archive unpacks anew. Workers asking for one archive at
+once take turns on a lock file beside it in the cache (``.NAME.lock``, removed after): one unpacks, once per machine,
+and the others find its result. Copies of older versions stay in
 the cache, as do temporary directories of a process that was killed mid-way (``.*.partial``, never mistaken for a
 result). Needs a Python with :func:`tarfile.data_filter` (3.10.12, 3.11.4 or later). A leaf: it imports only
 :mod:`inference_server.errors`.
@@ -30,6 +32,7 @@ result). Needs a Python with :func:`tarfile.data_filter` (3.10.12, 3.11.4 or lat
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import gzip
 import hashlib
@@ -41,7 +44,7 @@ import stat
 import tarfile
 import tempfile
 import zlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
@@ -123,24 +126,62 @@ def unpack(
         if destination.is_dir():
             return destination
         cache.mkdir(parents=True, exist_ok=True)
-        partial = Path(tempfile.mkdtemp(prefix=f".{destination.name}.", suffix=".partial", dir=cache))
-        try:
-            _extract(file, shown, partial, max_bytes=max_bytes, max_members=max_members)
-            after = os.fstat(file.fileno())
-            if (after.st_size, after.st_mtime_ns) != (before.st_size, before.st_mtime_ns):
-                raise ArchiveError(f"{shown} changed while it was being unpacked")
-            partial.chmod(0o755)
-            try:
-                os.rename(partial, destination)
-            except OSError as error:
-                if error.errno not in (errno.ENOTEMPTY, errno.EEXIST) or not destination.is_dir():
-                    raise
-                # Another process unpacked the same archive first: its copy is as good as ours.
-                shutil.rmtree(partial, ignore_errors=True)
-        except BaseException:
-            shutil.rmtree(partial, ignore_errors=True)
-            raise
+        with _locked(cache / f".{destination.name}.lock"):  # (the workers that ask at once: one unpacks)
+            if destination.is_dir():
+                return destination
+            _unpack(file, shown, before, cache, destination, max_bytes=max_bytes, max_members=max_members)
     return destination
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on the file ``path`` (made if missing) while the block runs, then remove the file, so
+    that the cache holds unpacked models only. A process that waited on a file removed meanwhile, and one that makes
+    it anew, may then run at once: each looks for the result again first, so at worst a failed unpacking is tried
+    twice, and the rename decides. Where there is no ``fcntl`` (Windows), no lock, with the same fallback."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX)
+        yield
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        os.close(descriptor)  # (the lock goes with it)
+
+
+def _unpack(
+    file: IO[bytes],
+    shown: str,
+    before: os.stat_result,
+    cache: Path,
+    destination: Path,
+    *,
+    max_bytes: int,
+    max_members: int,
+) -> None:
+    """Extract ``file`` into a temporary directory of ``cache``, then rename it to ``destination``."""
+    partial = Path(tempfile.mkdtemp(prefix=f".{destination.name}.", suffix=".partial", dir=cache))
+    try:
+        _extract(file, shown, partial, max_bytes=max_bytes, max_members=max_members)
+        after = os.fstat(file.fileno())
+        if (after.st_size, after.st_mtime_ns) != (before.st_size, before.st_mtime_ns):
+            raise ArchiveError(f"{shown} changed while it was being unpacked")
+        partial.chmod(0o755)
+        try:
+            os.rename(partial, destination)
+        except OSError as error:
+            if error.errno not in (errno.ENOTEMPTY, errno.EEXIST) or not destination.is_dir():
+                raise
+            # Another process unpacked the same archive first (no lock here): its copy is as good as ours.
+            shutil.rmtree(partial, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
 
 
 #: The longest TargetModel a message repeats whole.
