@@ -447,6 +447,17 @@ ONE_SLOW_LOADER = """
 
 
 @pytest.mark.parametrize("backend", ["granian", "gunicorn"])
+def test_sigterm_as_the_workers_start_stops_at_once(servers: Any, backend: str) -> None:
+    """SIGTERM as soon as the first worker answers (the model preloaded, the second worker maybe still starting, its
+    own handlers not yet installed): every worker stops at once, not after the graceful timeout; exit 0."""
+    for _ in range(3):
+        server = servers.start("--server", backend, "--workers", "2")
+        started = time.monotonic()
+        assert server.stop(signal.SIGTERM, timeout=30) == 0
+        assert time.monotonic() - started < 10, server.output()
+
+
+@pytest.mark.parametrize("backend", ["granian", "gunicorn"])
 def test_sigterm_while_a_worker_loads_its_model_stops_at_once(
     servers: Any, plugin_site: Any, tmp_path: Path, backend: str
 ) -> None:

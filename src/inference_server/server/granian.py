@@ -133,6 +133,10 @@ def granian_app(backend: Backend = BACKEND) -> App:
     if app.worker is not None:
         _stop_only_when_asked(app.worker)
         signal.signal(signal.SIGTERM, _while_loading(app.worker))
+        if app.worker.stop_requested():  # (its SIGTERM came before this handler, to the serving process's: lost)
+            logger.info("Worker %d: stopped as it started", os.getpid())
+            _logging.flush()
+            os._exit(0)
     if app.recorder is not None and app.worker is not None:
         app.recorder.start_flushing()
     load_model(app)

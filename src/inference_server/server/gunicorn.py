@@ -67,6 +67,10 @@ def _post_worker_init(worker: Any) -> None:
     """Join the serving process's state, then load the model, telling the arbiter it is alive while it loads."""
     app: App = worker.wsgi
     app.worker = _state.Worker.attach(_state.recycle_self)  # gunicorn counts --max-requests itself
+    if app.worker is not None and app.worker.stop_requested():  # (its SIGTERM came before its handlers: lost)
+        logger.info("Worker %d: stopped as it started", os.getpid())
+        worker.alive = False
+        return
     if app.recorder is not None and app.worker is not None:
         app.recorder.start_flushing()
     loader = threading.Thread(target=load_model, args=(app,), name="model-loader", daemon=True)
