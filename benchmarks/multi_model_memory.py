@@ -3,11 +3,11 @@
 ``inference-server serve --multi-model --workers N`` (N = 1, then 2; the default backend) with a plugin whose
 ``model_fn`` allocates a known size (``--model-mb``, 8 MB of numpy by default, every page touched). Each model is
 loaded through ``POST /models`` and invoked until every worker holds it (concurrent requests on new connections until
-its ``rssBytesByWorker`` names every worker), so that each worker holds every model. Worker RSS (VmRSS of
+its ``privateBytesByWorker`` names every worker), so that each worker holds every model. Worker RSS (VmRSS of
 ``/proc/PID/status``) is read for: the empty server after a warm-up (a model loaded, used by every worker, unloaded:
 what serving itself takes), 1, 10 and 50 models, and after unloading all of them (each worker drops them within a
 quarter of a second; the script waits 2 s). The goal (issue 26): after/empty within 10%. Then what ``GET /models``
-reported per model (the RSS growth of each worker's load), against the allocation.
+reported per model (the private memory each worker's load made resident), against the allocation.
 ``--mmap-threshold BYTES`` sets glibc's ``MALLOC_MMAP_THRESHOLD_`` for the server, which fixes the threshold (glibc
 otherwise raises it, up to 32 MiB, each time a block above it is freed, after which such blocks come from heaps that
 ``malloc_trim`` does not shrink wholly).
@@ -79,7 +79,7 @@ class Bench:
         self.pool = ThreadPoolExecutor(8)
 
     def load_and_use(self, name: str) -> dict[str, int]:
-        """Load ``name``, invoke it until every worker holds it; return its ``rssBytesByWorker``."""
+        """Load ``name``, invoke it until every worker holds it; return its ``privateBytesByWorker``."""
         directory = self.root / name
         directory.mkdir(exist_ok=True)
         (directory / "size_mb").write_text(str(self.model_mb))
@@ -90,7 +90,7 @@ class Bench:
             replies = list(self.pool.map(lambda _: request(self.port, "POST", f"/models/{name}/invoke", [1]), range(8)))
             if any(status != 200 for status, _ in replies):
                 raise RuntimeError(f"invoking {name}: {replies}")
-            costs: dict[str, int] = request(self.port, "GET", f"/models/{name}")[1]["rssBytesByWorker"]
+            costs: dict[str, int] = request(self.port, "GET", f"/models/{name}")[1]["privateBytesByWorker"]
             if len(costs) == self.workers:
                 return costs
         raise RuntimeError(f"{name} did not reach all {self.workers} workers: {costs}")
@@ -160,7 +160,7 @@ def run(workers: int, model_mb: int, mmap_threshold: int | None, record: _result
         record.compare(case, name, None, target="<= 1.10")
     costs = [cost for model in reported for cost in model.values()]
     print(
-        f"GET /models rssBytesByWorker over {len(reported)} models x {workers} workers: median "
+        f"GET /models privateBytesByWorker over {len(reported)} models x {workers} workers: median "
         f"{statistics.median(costs) / MB:.2f} MB, min {min(costs) / MB:.2f}, max {max(costs) / MB:.2f} "
         f"(allocated: {model_mb:.2f} MB each; {statistics.median(costs) / (model_mb * MB):.3f}x)"
     )

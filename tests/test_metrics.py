@@ -484,8 +484,9 @@ def test_a_multi_model_endpoint_counts_its_loads_unloads_waits_cache_hits_and_me
         return samples(server.request("GET", "/metrics").body.decode())
 
     empty = scrape()
-    for name in ("inference_server_models_loaded", "inference_server_model_memory_bytes"):
-        assert empty.get((name, ())) == 0, name
+    assert empty.get(("inference_server_models_loaded", ())) == 0
+    for kind in ("private", "mapped"):
+        assert empty.get(("inference_server_model_memory_bytes", (("kind", kind),))) == 0, kind
     for reason in ("request", "evicted", "failed"):
         assert empty.get(("inference_server_model_unloads_total", (("reason", reason),))) == 0, reason
     assert [_load(server, name, root / name) for name in ("a", "b")] == [200, 200]
@@ -510,9 +511,10 @@ def test_a_multi_model_endpoint_counts_its_loads_unloads_waits_cache_hits_and_me
     assert value("model_wait_seconds_sum") >= 0.3
     assert value("models_loaded") == 2  # a and t2
     assert value("requests_total", route="/models", status="507") == 1
-    cost_a = sum(server.request("GET", "/models/a").json()["rssBytesByWorker"].values())
+    cost_a = server.request("GET", "/models/a").json()["memoryBytes"]
     memory = value("model_memory_bytes")
     assert memory > cost_a > 0
+    assert value("model_memory_bytes", kind="mapped") == 0  # (its model_fn reads no file into memory)
     assert server.request("DELETE", "/models/a").status == 200
     scraped = scrape()
     assert value("models_loaded") == 1  # t2
@@ -522,9 +524,9 @@ def test_a_multi_model_endpoint_counts_its_loads_unloads_waits_cache_hits_and_me
 
 
 def _costs(server: Any, names: list[str]) -> dict[str, dict[str, int]]:
-    """Each model's rssBytesByWorker (pid -> bytes) as GET /models lists it."""
+    """Each model's privateBytesByWorker (pid -> bytes) as GET /models lists it."""
     listing = server.request("GET", "/models").json()["models"]
-    return {model["modelName"]: model["rssBytesByWorker"] for model in listing if model["modelName"] in names}
+    return {model["modelName"]: model["privateBytesByWorker"] for model in listing if model["modelName"] in names}
 
 
 @pytest.mark.parametrize("backend", ["granian", "gunicorn"])
@@ -533,7 +535,7 @@ def test_models_loaded_counts_each_model_once_per_machine_and_a_killed_worker_le
 ) -> None:
     """Two workers holding a and b, one of them c: models_loaded is 3 (not 5), model_memory_bytes the sum of every
     cost GET /models lists; the holder of c killed with SIGKILL, within a second c and its costs leave both the
-    scrape and rssBytesByWorker, while the counters stay; its replacement serves."""
+    scrape and privateBytesByWorker, while the counters stay; its replacement serves."""
     plugin_site.add("mm_metrics", MULTI_MODEL)
     root = tmp_path / "root"
     _model_dirs(root, {"a": 1, "b": 1, "c": 1})
@@ -620,11 +622,11 @@ def test_a_worker_that_dies_while_the_server_drains_leaves_every_listing(
     def left_by_holder() -> list[str]:
         return [
             path.name
-            for path in (*run_dir.glob(f"models/*.rss-{holder}"), *run_dir.glob(f"metrics/*{holder}.*"))
+            for path in (*run_dir.glob(f"models/held/{holder}.json"), *run_dir.glob(f"metrics/*{holder}.*"))
             if not path.name.startswith(("counter_", "histogram_"))  # (its counts stay)
         ]
 
-    assert any(name.startswith("models-") for name in left_by_holder()), left_by_holder()
+    assert f"{holder}.json" in left_by_holder(), left_by_holder()  # what it holds, and what that cost it
     with ThreadPoolExecutor(1) as pool:
         other.request("POST", "/models/a/invoke", b'{"sleep": 4}', JSON)
         slow = pool.submit(lambda: other.getresponse().status)

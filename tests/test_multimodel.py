@@ -15,6 +15,7 @@ from typing import Any
 
 import boto3
 import botocore.exceptions
+import numpy as np
 import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -44,6 +45,7 @@ MODEL = """
 """
 
 JSON = {"Content-Type": "application/json"}
+MB = 1 << 20
 
 
 def model_dir(root: Path, name: str, size_mb: int = 1) -> Path:
@@ -94,7 +96,11 @@ def test_ping_answers_with_no_model_loaded_and_the_api_answers_as_sagemaker_says
         assert reply.status == 400, body
     entry = server.request("GET", "/models/a").json()
     assert (entry["modelName"], entry["modelUrl"]) == ("a", str(a))
-    assert all(cost > 0 for cost in entry["rssBytesByWorker"].values())
+    private = entry["privateBytesByWorker"]
+    assert private
+    assert all(cost > 0 for cost in private.values())
+    assert entry["memoryBytes"] == sum(private.values())
+    assert entry["mappedBytes"] == 0
     for method, path in (("GET", "/models/zz"), ("DELETE", "/models/zz"), ("POST", "/models/zz/invoke")):
         assert server.request(method, path, b"[1]" if method == "POST" else None, JSON).status == 404
 
@@ -187,6 +193,122 @@ def test_past_max_models_or_the_memory_budget_a_load_is_507(servers: Any, plugin
     assert "--max-model-memory" in over.json()["message"]
     assert invoke(budget, "big").status == 200
     assert invoke(budget, "bigger").status == 404
+
+
+FILE_MODEL = """
+    import os
+
+    import numpy as np
+
+    import inference_server
+
+    @inference_server.plugin_hook
+    def model_fn(model_dir):
+        path = os.path.join(model_dir, "w.npy")
+        mapped = os.path.exists(os.path.join(model_dir, "mapped"))
+        weights = inference_server.mapped(path) if mapped else np.load(path)
+        return {"weights": weights, "sum": float(weights.sum())}  # (every page read: resident)
+
+    @inference_server.plugin_hook
+    def predict_fn(data, model):
+        return {"pid": os.getpid(), "sum": model["sum"]}
+"""
+
+
+def file_model(root: Path, name: str, size_mb: int, mapped: bool) -> Path:
+    """A model directory holding ``w.npy`` (``size_mb`` MB) that FILE_MODEL maps (``mapped``) or reads into memory."""
+    path = root / name
+    path.mkdir(parents=True)
+    np.save(path / "w.npy", np.ones(size_mb << 17))
+    if mapped:
+        (path / "mapped").touch()
+    return path
+
+
+def test_the_memory_budget_counts_what_the_models_cost_the_machine(
+    servers: Any, plugin_site: Any, tmp_path: Path
+) -> None:
+    """Two workers, --max-model-memory 100: three 30 MB mapped models load and, held by both workers, cost the machine
+    30 MB each (GET /models and /metrics: their files once); a 30 MB model read into memory counts twice (every
+    worker loads it), so it is 507 until two mapped ones are unloaded."""
+    plugin_site.add("mm_files", FILE_MODEL)
+    server = servers.start(
+        "--multi-model", "--workers", "2", "--max-model-memory", "100", "--allow-model-dir", str(tmp_path),
+        plugins=["mm_files"],
+    )  # fmt: skip
+    for name in ("m1", "m2", "m3"):
+        assert load(server, name, file_model(tmp_path, name, 30, mapped=True)).status == 200, name
+    deadline = time.monotonic() + 30
+    while len(server.request("GET", "/models/m1").json()["privateBytesByWorker"]) < 2:  # both workers hold m1
+        assert time.monotonic() < deadline
+        with ThreadPoolExecutor(4) as pool:
+            assert set(pool.map(lambda _: invoke(server, "m1").status, range(8))) == {200}
+    entry = server.request("GET", "/models/m1").json()
+    size = (tmp_path / "m1" / "w.npy").stat().st_size
+    assert size <= entry["mappedBytes"] < size + 8192
+    assert entry["memoryBytes"] == entry["mappedBytes"] + sum(entry["privateBytesByWorker"].values())
+    assert entry["memoryBytes"] < size + 8 * MB  # once, not once per worker
+    over = load(server, "p", file_model(tmp_path, "p", 30, mapped=False))
+    assert over.status == 507
+    assert "--max-model-memory" in over.json()["message"]
+    assert server.request("GET", "/models/p").status == 404
+    for name in ("m1", "m2"):
+        assert server.request("DELETE", f"/models/{name}").status == 200
+    assert load(server, "p", tmp_path / "p").status == 200
+    scraped = {
+        tuple(sample.labels.values()): sample.value
+        for family in text_string_to_metric_families(server.request("GET", "/metrics").body.decode())
+        for sample in family.samples
+        if sample.name == "inference_server_model_memory_bytes"
+    }
+    assert size <= scraped[("mapped",)] < size + 8192  # m3's file, once
+    assert scraped[("private",)] >= size  # p, in the worker that loaded it
+    assert invoke(server, "p").status == 200
+
+
+def test_a_worker_holding_no_target_model_asks_the_others_to_make_room(
+    servers: Any, plugin_site: Any, tmp_path: Path
+) -> None:
+    """Two workers, --model-root, --max-model-memory 100: one worker holds three 30 MB TargetModels; the other,
+    invoked for a fourth, has none of its own to unload, so it asks, and the first unloads its least recently used
+    (t1): the invocation is 200 and the machine stays within the budget."""
+    plugin_site.add("mm_model", MODEL)
+    root = tmp_path / "root"
+    for name in ("t1", "t2", "t3", "t4"):
+        model_dir(root, name, 30)
+    model_dir(tmp_path, "probe", 0)
+    server = servers.start(
+        "--multi-model", "--workers", "2", "--model-root", str(root), "--max-model-memory", "100",
+        "--allow-model-dir", str(tmp_path), plugins=["mm_model"],
+    )  # fmt: skip
+    assert load(server, "probe", tmp_path / "probe").status == 200
+
+    def ask(connection: Any, method: str, path: str, headers: dict[str, str] | None = None) -> Any:
+        connection.request(method, path, b"[1]", {**JSON, **(headers or {})})
+        reply = connection.getresponse()
+        return reply.status, orjson.loads(reply.read())
+
+    first = server.connection()
+    holder = ask(first, "POST", "/models/probe/invoke")[1]["pid"]
+    for name in ("t1", "t2", "t3"):  # (a kept-alive connection: all in one worker)
+        assert ask(first, "POST", "/invocations", {"X-Amzn-SageMaker-Target-Model": name}) == (
+            200, {"model": name, "pid": holder, "input": [1]}
+        )  # fmt: skip
+    deadline = time.monotonic() + 30
+    while True:  # a kept-alive connection to the other worker
+        other = server.connection()
+        if ask(other, "POST", "/models/probe/invoke")[1]["pid"] != holder:
+            break
+        other.close()
+        assert time.monotonic() < deadline, "no connection reached the second worker"
+    status, answer = ask(other, "POST", "/invocations", {"X-Amzn-SageMaker-Target-Model": "t4"})
+    assert (status, answer["model"]) == (200, "t4")
+    assert answer["pid"] != holder
+    assert [path.name for path in (root / "t1").glob("unloaded-*")] == [f"unloaded-{holder}"]
+    assert not list((root / "t2").glob("unloaded-*"))
+    assert "asking 1 other workers to unload a model to make room for 't4'" in server.output()
+    first.close()
+    other.close()
 
 
 def _tarball(path: Path, members: dict[str, bytes], links: dict[str, str] | None = None) -> Path:

@@ -10,11 +10,15 @@ and unloads models through the container's ``/models`` API and invokes them at `
   together, while invocations of loaded models go on). An unload (``DELETE``) unregisters it; each worker then drops
   its model within :data:`~inference_server._registry.WATCH_INTERVAL` seconds, calls the ``model_unload_fn`` hook,
   and gives the memory back to the system.
-- **Memory, accounted for.** What a model costs is the growth of the worker's resident memory (RSS, from
-  ``/proc/self/statm``) while its ``model_fn`` ran, measured in each worker that loads it; ``GET /models`` shows it
-  per worker. ``--max-models`` bounds the models registered; ``--max-model-memory`` (MB) bounds what one worker's
-  loaded models cost together. Past either, a load answers 507, which tells SageMaker to unload others first; so does
-  a ``MemoryError`` from ``model_fn``.
+- **Memory, accounted for.** What a model costs a worker is measured while its ``model_fn`` runs there
+  (:mod:`inference_server._memory`): its private memory (the growth of the worker's anonymous memory: arrays read
+  into memory) and its mapped files (the model's own files mapped into memory, which live once in the page cache
+  however many workers map them). ``GET /models`` shows both (``privateBytesByWorker``, ``mappedBytes``) and what
+  the model costs the machine (``memoryBytes``: the private memory of every worker that holds it, plus its files
+  once). ``--max-models`` bounds the models registered; ``--max-model-memory`` (MB) bounds what the loaded models
+  cost the machine together, a model loaded through ``/models`` counted with its private memory in every worker
+  (each loads it on first use) from its load on. Past either, a load answers 507, which tells SageMaker to unload
+  others first; so does a ``MemoryError`` from ``model_fn``.
 - **Loads stay inside their roots.** A load's directory, its symbolic links resolved, must be (inside) SageMaker's
   ``/opt/ml/models``, ``--model-root`` or an ``--allow-model-dir``: anything else is a 403 whose answer names no
   directory (the log names the allowed ones), so that a request cannot make ``model_fn`` run over ``/etc`` or over
@@ -45,8 +49,9 @@ import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from inference_server import _archive, _models, metrics
-from inference_server._registry import WATCH_INTERVAL, Busy, Registry
+from inference_server import _archive, _memory, _models, metrics
+from inference_server._memory import Cost
+from inference_server._registry import WATCH_INTERVAL, Busy, Holding, Registry
 from inference_server._settings import MULTI_MODEL_DIR, Settings
 from inference_server.errors import BadRequest, Conflict, Forbidden, InsufficientStorage, ModelLoadError, NotFound
 
@@ -56,9 +61,10 @@ if TYPE_CHECKING:
 logger = logging.getLogger("inference_server")
 
 _MB = 1 << 20
-_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 #: glibc's ``mallopt`` parameter for the size from which blocks get mappings of their own.
 _M_MMAP_THRESHOLD = -3
+#: Seconds a worker making room for a ``TargetModel`` waits for the other workers it asked to unload one.
+UNLOAD_WAIT = 2.0
 #: Models listed per page of ``GET /models`` unless ``page_size`` says otherwise.
 PAGE_SIZE = 1000
 #: What a model's name (``POST /models``, the v2 repository) may be: one path segment, as a directory's name, that
@@ -76,15 +82,6 @@ def check_name(name: str) -> None:
 
 #: A URL's scheme, as ``s3://`` or ``file://`` start it.
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:")
-
-
-def resident_bytes() -> int:
-    """This process's resident memory now (0 where ``/proc`` is missing)."""
-    try:
-        with open("/proc/self/statm", "rb") as statm:
-            return int(statm.read().split()[1]) * _PAGE
-    except (OSError, ValueError, IndexError):
-        return 0
 
 
 def _keep_large_blocks_apart() -> None:
@@ -117,6 +114,8 @@ class MultiModel:
         self.registry = registry
         self.max_models = settings.max_models
         self.budget = settings.max_model_memory * _MB
+        #: The workers that will each load a model registered through ``/models``.
+        self.workers = settings.workers
         self.root = Path(settings.model_root).resolve() if settings.model_root else None
         #: The directories models may load from by path (each resolved when a load is checked).
         self.allowed = (MULTI_MODEL_DIR, *([settings.model_root] if settings.model_root else []),
@@ -127,15 +126,15 @@ class MultiModel:
         self._store = _models.Models()
         self._loading = threading.Lock()  # one load at a time in this worker
         self._lock = threading.Lock()
-        #: What each model held here cost (bytes of RSS), and when it was last used (monotonic), by store key.
-        self._costs: dict[tuple[str, str], int] = {}
+        #: What each model held here cost this worker, and when it was last used (monotonic), by store key.
+        self._costs: dict[tuple[str, str], Cost] = {}
         self._used: dict[tuple[str, str], float] = {}
         self._version = registry.version()
         self._watcher: threading.Thread | None = None
         #: Where this worker's loads, unloads and cache hits are counted (``--metrics``), else None.
         self._recorder = metrics.recorder if settings.metrics else None
         if self._recorder is not None:
-            self._recorder.serves_models()
+            self._recorder.serves_models(self.account)
         _keep_large_blocks_apart()
 
     # -- the model management API --------------------------------------------------------------------------------
@@ -197,7 +196,45 @@ class MultiModel:
         return [model.name for model in self.registry.all()]
 
     def _entry(self, name: str, url: str) -> dict[str, Any]:
-        return {"modelName": name, "modelUrl": url, "rssBytesByWorker": self.registry.costs(name)}
+        costs = {
+            str(held.pid): held.cost for held in self.registry.holdings() if held.kind == "api" and held.name == name
+        }
+        private, mapped = _memory.machine_bytes(list(costs.values()))
+        return {
+            "modelName": name,
+            "modelUrl": url,
+            "memoryBytes": private + mapped,
+            "privateBytesByWorker": {pid: cost.private for pid, cost in costs.items()},
+            "mappedBytes": mapped,
+        }
+
+    def _holdings(self, loading: str = "") -> list[Holding]:
+        """What the workers hold now, less the models unloaded through ``/models`` that some still let go (within
+        :data:`WATCH_INTERVAL` seconds: an unload makes room at once); ``loading`` is being loaded through ``/models``,
+        not registered yet."""
+        registered = {model.name for model in self.registry.all()} | {loading}
+        return [held for held in self.registry.holdings() if held.kind != "api" or held.name in registered]
+
+    def account(self) -> tuple[int, int, int]:
+        """The machine's models, as the workers hold them now: how many (each once), bytes of private memory (summed
+        over the workers), bytes of their files mapped (each file once)."""
+        holdings = self._holdings()
+        private, mapped = _memory.machine_bytes([held.cost for held in holdings])
+        return len({(held.kind, held.name) for held in holdings}), private, mapped
+
+    def machine_bytes(self, loading: str = "") -> int:
+        """What the models cost the machine, as ``--max-model-memory`` counts it: :meth:`account`'s private and mapped
+        bytes, plus the private memory of each model loaded through ``/models`` (``loading`` too) in the workers yet
+        to load it."""
+        holdings = self._holdings(loading)
+        private, mapped = _memory.machine_bytes([held.cost for held in holdings])
+        registered: dict[str, list[int]] = {}
+        for held in holdings:
+            if held.kind == "api":
+                registered.setdefault(held.name, []).append(held.cost.private)
+        for privates in registered.values():
+            private += max(privates) * max(self.workers - len(privates), 0)
+        return private + mapped
 
     # -- invocations ---------------------------------------------------------------------------------------------
     def at_hand(self, name: str, target_model: bool = False) -> Any:
@@ -307,13 +344,16 @@ class MultiModel:
 
     # -- loading and unloading here ------------------------------------------------------------------------------
     def _load(self, key: tuple[str, str], model_dir: str, make_room: bool = False) -> Any:
+        """Load ``key`` here from ``model_dir`` unless it is loaded; within the budget unless it is a model loaded
+        through ``/models`` already (registered: its load counted it in every worker)."""
         with self._loading:
             entry = self._store.entry(key)
             if entry is not None and entry.loaded:
                 return entry.model
             if make_room:
-                self._make_room(key)
-            before, started = resident_bytes(), time.perf_counter()
+                self._make_room(key, loaded=False)
+            private, mapped = _memory.private_bytes(), _memory.mappings()
+            started = time.perf_counter()
             try:
                 model = self._store.load(key, self.pipeline, model_dir)
             except ModelLoadError:
@@ -332,35 +372,63 @@ class MultiModel:
                 raise ModelLoadError(
                     f"the model {key[1]!r} failed to load: model_fn raised {kind} (its message is in the server's log)"
                 ) from None
-            cost = max(resident_bytes() - before, 0)
+            cost = Cost(
+                max(_memory.private_bytes() - private, 0),
+                _memory.mapped_files(mapped, _memory.mappings(), model_dir),
+            )
             if self._recorder is not None:
-                self._recorder.loaded(key, time.perf_counter() - started, cost)
+                self._recorder.loaded(key, time.perf_counter() - started)
             with self._lock:
                 self._costs[key] = cost
                 self._used[key] = time.monotonic()
-                used = sum(self._costs.values())
-            if self.budget and used > self.budget:
+                self.registry.hold(self._costs)
+            if make_room:  # (what it cost is known now)
+                self._make_room(key, loaded=True)
+            counted = key[0] == "target" or self.registry.get(key[1]) is None  # (not a registered model's other copy)
+            used = self.machine_bytes(key[1] if key[0] == "api" else "") if self.budget and counted else 0
+            if used > self.budget:
                 self._drop(key, "failed")
+                size = (cost.private + sum(cost.mapped.values())) / _MB
                 raise InsufficientStorage(
-                    f"the model {key[1]!r} takes {cost / _MB:.1f} MB, more than the {self.budget / _MB:.0f} MB this "
-                    f"worker has left for models (--max-model-memory); unload one to load it"
+                    f"the model {key[1]!r} takes {size:.1f} MB here, and the models would cost the machine "
+                    f"{used / _MB:.1f} MB, more than the {self.budget / _MB:.0f} MB they may (--max-model-memory); "
+                    "unload one to load it"
                 )
-            if key[0] == "api":
-                self.registry.set_cost(key[1], cost)
             return model
 
-    def _make_room(self, key: tuple[str, str]) -> None:
-        """Unload the least recently used ``--model-root`` models until ``key`` may load within the limits."""
+    def _make_room(self, key: tuple[str, str], loaded: bool) -> None:
+        """Unload the least recently used ``--model-root`` models until ``key`` may load (``loaded``: stay) within the
+        limits: this worker's own first, else (the machine's memory past the budget) one of each other worker that
+        holds some."""
+        deadline = time.monotonic() + UNLOAD_WAIT
+        more = 0 if loaded else 1  # (before its load, the model needs room for one more model, and its bytes)
         while True:
             with self._lock:
                 held = [other for other in self._costs if other[0] == "target" and other != key]
-                over_count = self.max_models and len(self._costs) >= self.max_models
-                over_memory = self.budget and sum(self._costs.values()) >= self.budget
-                if not held or not (over_count or over_memory):
-                    return
+                over_count = self.max_models and len(self._costs) + more > self.max_models
+            over_memory = self.budget and self.machine_bytes() + more > self.budget
+            if not (over_count or over_memory):
+                return
+            if held:
                 oldest = min(held, key=lambda other: self._used.get(other, 0.0))
-            logger.info("Multi-model: unloading %r, the least recently used, to make room for %r", oldest[1], key[1])
-            self._drop(oldest, "evicted")
+                logger.info(
+                    "Multi-model: unloading %r, the least recently used, to make room for %r", oldest[1], key[1]
+                )
+                self._drop(oldest, "evicted")
+                continue
+            if not over_memory:
+                return
+            others = {other.pid for other in self.registry.holdings() if other.kind == "target"} - {os.getpid()}
+            if not others or time.monotonic() > deadline:
+                return  # a load goes on (and answers 507 if the machine has no room for it then)
+            logger.info(
+                "Multi-model: asking %d other workers to unload a model to make room for %r", len(others), key[1]
+            )
+            for pid in others:
+                self.registry.ask_to_unload(pid)
+            used = self.machine_bytes()
+            while self.machine_bytes() >= used and time.monotonic() < deadline:
+                time.sleep(WATCH_INTERVAL / 5)
 
     def _drop(self, key: tuple[str, str], reason: str = "request") -> None:
         """Unload ``key`` here: the ``model_unload_fn`` hook, then the memory back to the system; ``reason`` is the
@@ -371,8 +439,7 @@ class MultiModel:
         with self._lock:
             self._costs.pop(key, None)
             self._used.pop(key, None)
-        if key[0] == "api":
-            self.registry.drop_cost(key[1])
+            self.registry.hold(self._costs)
         if entry is not None and entry.loaded:
             if self._recorder is not None:
                 self._recorder.unloaded(key, reason)
@@ -396,6 +463,17 @@ class MultiModel:
             time.sleep(WATCH_INTERVAL)
             with contextlib.suppress(Exception):
                 self.sync()
+                if self.registry.asked_to_unload():
+                    self._unload_oldest_target()
+
+    def _unload_oldest_target(self) -> None:
+        """Another worker needs room: unload this one's least recently used ``--model-root`` model, if it has one."""
+        with self._lock:
+            held = [key for key in self._costs if key[0] == "target"]
+            oldest = min(held, key=lambda key: self._used.get(key, 0.0)) if held else None
+        if oldest is not None:
+            logger.info("Multi-model: unloading %r, the least recently used, to make room in another worker", oldest[1])
+            self._drop(oldest, "evicted")
 
     def sync(self) -> None:
         """Drop the models held here that are no longer registered."""

@@ -5,11 +5,16 @@ directory otherwise), so that a load through one worker is seen by all of them w
 part: one JSON file per model (``{"modelName", "modelUrl"}``) named by a hash of its name (names are opaque, and may
 hold any character), written whole and renamed into place. A load in progress holds ``<key>.loading``, made with
 ``O_EXCL``: a second load of the same name, in any worker, is refused (409) until it is done. Each worker writes
-what its own load of a model cost (``<key>.rss-<pid>``, the growth of its resident memory) for ``GET /models`` to
-show. A worker notices changes by the directory's modification time (one ``stat``), and loads a registered model
+A worker notices changes by the directory's modification time (one ``stat``), and loads a registered model
 lazily on its first use; it unloads a model that left the registry within :data:`WATCH_INTERVAL` seconds.
 
-A leaf: it imports nothing of ours.
+Each worker also says what the models it holds (loaded through ``/models`` or as a ``TargetModel``) cost it, in
+``held/<pid>.json`` (written whole: :class:`~inference_server._memory.Cost` by model), for ``GET /models``, the
+machine's memory budget (``--max-model-memory``) and ``/metrics`` to add up; files of workers gone are skipped. A
+worker that must make room for a ``TargetModel`` and holds none to unload asks the others to unload their least
+recently used one (``held/evict-<pid>``), which they do within :data:`WATCH_INTERVAL` seconds.
+
+A leaf but for :mod:`inference_server._memory`, another.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ from typing import NamedTuple
 
 import orjson
 
+from inference_server._memory import Cost
+
 #: Seconds between a worker's looks at the registry for models unloaded through another worker.
 WATCH_INTERVAL = 0.25
 
@@ -35,6 +42,15 @@ class Registered(NamedTuple):
 
     name: str
     url: str
+
+
+class Holding(NamedTuple):
+    """One model held by one worker, and what it cost that worker."""
+
+    pid: int
+    kind: str
+    name: str
+    cost: Cost
 
 
 class Busy(Exception):
@@ -50,6 +66,9 @@ class Registry:
             weakref.finalize(self, shutil.rmtree, path, True)
         path.mkdir(parents=True, exist_ok=True)
         self.path = path
+        #: Where each worker says what it holds (apart, so that writing there leaves :meth:`version` as it is).
+        self.held = path / "held"
+        self.held.mkdir(exist_ok=True)
 
     @staticmethod
     def key(name: str) -> str:
@@ -98,8 +117,6 @@ class Registry:
             (self.path / f"{key}.json").unlink()
         except FileNotFoundError:
             return False
-        for cost in self.path.glob(f"{key}.rss-*"):
-            cost.unlink(missing_ok=True)
         return True
 
     def get(self, name: str) -> Registered | None:
@@ -123,27 +140,65 @@ class Registry:
         """How many models are registered or being loaded."""
         return sum(1 for path in self.path.iterdir() if path.suffix in (".json", ".loading"))
 
-    def set_cost(self, name: str, rss_bytes: int) -> None:
-        """What loading ``name`` cost this worker, in bytes of resident memory."""
+    def hold(self, costs: dict[tuple[str, str], Cost]) -> None:
+        """Say which models this worker holds now, by (kind, name), and what each cost it."""
+        listed = [[kind, name, cost.private, cost.mapped] for (kind, name), cost in costs.items()]
+        temporary = self.held / f".{os.getpid()}.tmp"
         with contextlib.suppress(OSError):
-            (self.path / f"{self.key(name)}.rss-{os.getpid()}").write_text(str(rss_bytes))
+            temporary.write_bytes(orjson.dumps(listed))
+            os.replace(temporary, self.held / f"{os.getpid()}.json")
 
-    def drop_cost(self, name: str) -> None:
-        """This worker no longer holds ``name``."""
-        (self.path / f"{self.key(name)}.rss-{os.getpid()}").unlink(missing_ok=True)
-
-    def costs(self, name: str) -> dict[str, int]:
-        """What each worker holding ``name`` paid for it: pid -> bytes of resident memory."""
-        found = {}
-        for path in self.path.glob(f"{self.key(name)}.rss-*"):
-            with contextlib.suppress(OSError, ValueError):
-                found[path.name.rsplit("-", 1)[1]] = int(path.read_text())
+    def holdings(self) -> list[Holding]:
+        """What every live worker holds (from the files it wrote; a worker gone is skipped)."""
+        found = []
+        for path in self.held.glob("*.json"):
+            pid = path.stem
+            if not pid.isdigit() or (int(pid) != os.getpid() and not running(int(pid))):
+                continue
+            try:
+                listed = orjson.loads(path.read_bytes())
+                found += [Holding(int(pid), str(kind), str(name), Cost(int(private), {str(file): int(size)
+                          for file, size in mapped.items()})) for kind, name, private, mapped in listed]  # fmt: skip
+            except (OSError, ValueError, TypeError, AttributeError):  # removed meanwhile: skipped this time
+                continue
         return found
 
+    def ask_to_unload(self, pid: int) -> None:
+        """Ask worker ``pid`` to unload its least recently used ``TargetModel``."""
+        with contextlib.suppress(OSError):
+            (self.held / f"evict-{pid}").touch()
+
+    def asked_to_unload(self) -> bool:
+        """Whether another worker asked this one to unload a ``TargetModel`` (the request is taken)."""
+        try:
+            (self.held / f"evict-{os.getpid()}").unlink()
+        except OSError:
+            return False
+        return True
+
     def forget_worker(self, pid: int) -> None:
-        """Worker ``pid`` is gone: its costs go too."""
-        for path in self.path.glob(f"*.rss-{pid}"):
+        """Worker ``pid`` is gone: what it held goes too."""
+        for path in (self.held / f"{pid}.json", self.held / f"evict-{pid}"):
             path.unlink(missing_ok=True)
+
+
+def running(pid: int) -> bool:
+    """Whether process ``pid`` is running: neither gone nor a zombie (dead, not yet reaped by its parent)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rpartition(b")")[2].split()[:1] != [b"Z"]  # (its name, before, may hold anything)
+    except FileNotFoundError:
+        if os.path.isdir("/proc/self"):
+            return False
+    except OSError:
+        return True
+    try:  # no /proc: ask the kernel (a zombie counts as running)
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _alive(claim: Path) -> bool:
@@ -152,12 +207,4 @@ def _alive(claim: Path) -> bool:
         pid = int(claim.read_text() or 0)
     except (OSError, ValueError):
         return True
-    if not pid:
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return not pid or running(pid)

@@ -466,9 +466,9 @@ class Settings:
         0,
         "INFERENCE_SERVER_MAX_MODEL_MEMORY_MB",
         _integer(0),
-        "megabytes of resident memory the loaded models may take in each worker, each model counted as the growth of "
-        "the worker's memory while it loaded (multi-model); past it 507 (--model-root: the least recently used is "
-        "unloaded); 0: no limit",
+        "megabytes of memory the loaded models may cost the machine: what each load made resident in its worker (a "
+        "model loaded through /models counted in every worker) plus their files mapped into memory, each once "
+        "(multi-model); past it 507 (--model-root: the least recently used is unloaded, in any worker); 0: no limit",
     )
     metrics_max_models: int = _variable(
         100,

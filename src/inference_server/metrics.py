@@ -21,11 +21,11 @@ server) a process scrapes its own metrics and the default registry's, or every p
 ``PROMETHEUS_MULTIPROC_DIR`` of the Prometheus client's multiprocess mode is set.
 
 **The models of a multi-model endpoint, once per machine.** A model held by two workers is one loaded model, so
-``models_loaded`` cannot be a sum of per-worker gauges. Each worker writes the models it holds, with what each cost
-it, to ``models-PID.json`` beside the Prometheus client's files whenever that changes (a load or an unload, never on
-the request path); a scrape reads those of the live workers and counts the union (``models_loaded``) and the sum of
-the costs (``model_memory_bytes``). A worker that died leaves the scrape at once: its file is skipped as soon as its
-process is gone (or a zombie), and the serving process removes it (:func:`process_dead`).
+``models_loaded`` cannot be a sum of per-worker gauges. A scrape asks the worker's multi-model endpoint
+(:meth:`Recorder.serves_models`), which reads what every live worker says it holds (the shared registry of
+:mod:`inference_server._registry`): ``models_loaded`` counts each model once, and ``model_memory_bytes`` is what they
+cost the machine, by kind: ``private`` (each worker's own memory, summed) and ``mapped`` (the models' files mapped,
+each once). A worker that died leaves the scrape at once.
 
 The ``prometheus_client`` module is imported on first use, never at import of this module.
 """
@@ -37,7 +37,6 @@ import bisect
 import collections
 import functools
 import itertools
-import json
 import logging
 import multiprocessing.util
 import os
@@ -46,7 +45,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -92,10 +91,6 @@ RESTART_REASONS = ("crash", "max-requests", "stuck")
 UNLOAD_REASONS = ("request", "evicted", "failed")
 #: Seconds of a model load, or of an invocation's wait for one: from 1 ms to 10 min.
 LOAD_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
-#: The file in which worker PID says which models it holds (multi-model endpoints).
-HELD_FILE = "models-{pid}.json"
-#: Whether this system describes its processes in /proc (Linux).
-_PROC = os.path.isdir("/proc/self")
 
 
 class _Histogram:
@@ -187,9 +182,11 @@ class Recorder:
         self._hits = hits
         #: An invocation of a multi-model endpoint found its model loaded in this worker: ``model_hit(None)``.
         self.model_hit = hits.append
-        #: What each model this worker holds cost it (bytes of RSS), by key, on a multi-model endpoint (else None).
-        self._held: dict[tuple[str, str], int] | None = None
-        self._held_lock = threading.Lock()
+        #: A multi-model endpoint's account of the machine's models (else None): how many are loaded, and the bytes
+        #: of private and of mapped memory they cost.
+        self._account: Callable[[], tuple[int, int, int]] | None = None
+        #: The models this worker holds, by (kind, name), on a multi-model endpoint (else None).
+        self._held: set[tuple[str, str]] | None = None
         self._model_families: _ModelFamilies | None = None
 
     # -- rare events: straight into the Prometheus client -----------------------------------------------------
@@ -203,18 +200,19 @@ class Recorder:
         families.model_loaded.set(1)
 
     # -- a multi-model endpoint's models (hits are counted by the flush; the rest straight in) -------------------
-    def serves_models(self) -> None:
-        """This process serves a multi-model endpoint: its models' metrics are exported, at zero until used."""
-        with self._held_lock:
-            if self._held is None:
-                self._held = {}
+    def serves_models(self, account: Callable[[], tuple[int, int, int]]) -> None:
+        """This process serves a multi-model endpoint, whose ``account()`` says how many models the machine holds and
+        what they cost it (bytes of private memory, bytes mapped): their metrics are exported, at zero until used."""
+        self._account = account
+        if self._held is None:
+            self._held = set()
 
-    def loaded(self, key: tuple[str, str], seconds: float, cost: int) -> None:
-        """This worker loaded the model ``key`` in ``seconds``; holding it costs ``cost`` bytes of RSS."""
+    def loaded(self, key: tuple[str, str], seconds: float) -> None:
+        """This worker loaded the model ``key`` of a multi-model endpoint in ``seconds``."""
         families = self.families()
         families.model_loads.inc()
         families.model_load_seconds.observe(seconds)
-        self._hold(key, cost)
+        self._held = (self._held or set()) | {key}
 
     def load_failed(self, seconds: float) -> None:
         """This worker's load of a model failed after ``seconds`` (its ``model_fn`` raised)."""
@@ -226,7 +224,7 @@ class Recorder:
     def unloaded(self, key: tuple[str, str], reason: str) -> None:
         """This worker unloaded the model ``key`` (``reason`` one of :data:`UNLOAD_REASONS`)."""
         self.model_families().unloads.labels(reason).inc()
-        self._hold(key, None)
+        self._held = (self._held or set()) - {key}
 
     def missed(self, waited: float) -> None:
         """An invocation did not find its model loaded in this worker, and waited ``waited`` seconds for its load."""
@@ -234,24 +232,11 @@ class Recorder:
         families.misses.inc()
         families.wait_seconds.observe(waited)
 
-    def _hold(self, key: tuple[str, str], cost: int | None) -> None:
-        """Note that this worker holds ``key`` at ``cost`` (None: no longer), and say so to the other workers."""
-        with self._held_lock:
-            held = self._held if self._held is not None else {}
-            self._held = held
-            if cost is None:
-                held.pop(key, None)
-            else:
-                held[key] = cost
-            path = shared_directory()
-            if path is not None:
-                listed = [[kind, name, value] for (kind, name), value in held.items()]
-                _write_whole(Path(path) / HELD_FILE.format(pid=os.getpid()), json.dumps(listed).encode())
-
-    def held(self) -> dict[tuple[str, str], int] | None:
-        """What each model this worker holds cost it, by key; None unless it serves a multi-model endpoint."""
-        with self._held_lock:
-            return None if self._held is None else dict(self._held)
+    def models(self) -> tuple[int, int, int] | None:
+        """The machine's models (:meth:`serves_models`): how many, bytes private, bytes mapped; None unless this
+        process serves a multi-model endpoint."""
+        account = self._account
+        return None if account is None else account()
 
     def model_families(self) -> _ModelFamilies:
         """The multi-model endpoint's metrics (made on first use)."""
@@ -523,71 +508,29 @@ class _ModelFamilies:
 
 class _HeldModels:
     """A collector of the models the live workers hold: ``models_loaded`` (each model once, however many workers
-    hold it) and ``model_memory_bytes`` (what they cost each worker, summed); nothing on a single-model endpoint."""
+    hold it) and ``model_memory_bytes`` (what they cost the machine, by kind); nothing on a single-model endpoint."""
 
     def collect(self) -> Iterator[prometheus_client.Metric]:
         from prometheus_client.core import GaugeMetricFamily
 
-        own = recorder.held()
-        if own is None:
+        found = recorder.models()
+        if found is None:
             return
-        by_worker = [own]
-        path = shared_directory()
-        if path is not None:
-            by_worker += _others_held(Path(path))
-        models = set().union(*by_worker)
+        count, private, mapped = found
         yield GaugeMetricFamily(
             PREFIX + "models_loaded",
             "Models loaded on this machine (a multi-model endpoint), each counted once however many workers hold it",
-            value=len(models),
+            value=count,
         )
-        yield GaugeMetricFamily(
+        memory = GaugeMetricFamily(
             PREFIX + "model_memory_bytes",
-            "Bytes of resident memory the loaded models cost, summed over the workers that hold them (each worker's "
-            "growth while loading a model: what --max-model-memory bounds per worker)",
-            value=sum(sum(held.values()) for held in by_worker),
+            "Bytes of memory the loaded models cost the machine, by kind: private (what their loads made resident in "
+            "each worker, summed over the workers) and mapped (their files mapped into memory, each file once)",
+            labels=("kind",),
         )
-
-
-def _others_held(path: Path) -> list[dict[tuple[str, str], int]]:
-    """The models each other live worker holds, from its file in ``path`` (files of workers gone are skipped)."""
-    found = []
-    for file in path.glob(HELD_FILE.format(pid="*")):
-        pid = file.stem.removeprefix("models-")
-        if not pid.isdigit() or int(pid) == os.getpid() or not _alive(int(pid)):
-            continue
-        try:
-            listed = json.loads(file.read_bytes())
-            found.append({(str(kind), str(name)): int(cost) for kind, name, cost in listed})
-        except (OSError, ValueError, TypeError):  # removed meanwhile, or (never) half written: skipped this time
-            continue
-    return found
-
-
-def _write_whole(path: Path, data: bytes) -> None:
-    """Replace the file ``path`` with ``data`` at once: a reader sees the old content or the new, never a part."""
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    temporary.write_bytes(data)
-    os.replace(temporary, path)
-
-
-def _alive(pid: int) -> bool:
-    """Whether process ``pid`` is running: neither gone nor a zombie (dead, not yet reaped by its parent)."""
-    if _PROC:
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as stat:
-                return stat.read().rpartition(b")")[2].split()[:1] != [b"Z"]  # (its name, before, may hold anything)
-        except FileNotFoundError:
-            return False
-        except OSError:
-            return True
-    try:  # no /proc: ask the kernel (a zombie counts as running)
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        memory.add_metric(("private",), private)
+        memory.add_metric(("mapped",), mapped)
+        yield memory
 
 
 def _add(child: prometheus_client.Histogram, histogram: _Histogram) -> None:
@@ -715,4 +658,3 @@ def process_dead(pid: int) -> None:
         from prometheus_client import multiprocess
 
         multiprocess.mark_process_dead(pid, path)  # type: ignore[no-untyped-call]
-        (Path(path) / HELD_FILE.format(pid=pid)).unlink(missing_ok=True)

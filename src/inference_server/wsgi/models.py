@@ -7,7 +7,8 @@
 - ``GET /models/{name}``, ``DELETE /models/{name}``: one entry, unload; 404 if not loaded;
 - ``POST /models/{name}/invoke``: the hooks with that model, as ``/invocations``.
 
-Each entry also says what the model costs each worker (``rssBytesByWorker``); see :mod:`inference_server._multimodel`.
+Each entry also says what the model costs the machine (``memoryBytes``: ``privateBytesByWorker`` and ``mappedBytes``);
+see :mod:`inference_server._multimodel`.
 """
 
 from __future__ import annotations
