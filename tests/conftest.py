@@ -520,3 +520,24 @@ def servers(tmp_path: Path, plugin_site: PluginSite) -> Iterator[ServerFactory]:
         yield factory
     finally:
         factory.close()
+
+
+def save_bert_classifier(where: Path, **sizes: int) -> Path:
+    """Save into ``where`` a random text classifier as transformers saves one (config.json naming
+    BertForSequenceClassification, model.safetensors, a word-level tokenizer of ten words), made here: nothing is
+    downloaded. ``sizes`` are BertConfig's (hidden_size, num_hidden_layers, ...); the default is tiny."""
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import BertConfig, BertForSequenceClassification, PreTrainedTokenizerFast
+
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "movie", "was", "good", "bad"]
+    tokenizer = Tokenizer(models.WordLevel({word: i for i, word in enumerate(words)}, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    special = {"unk_token": "[UNK]", "pad_token": "[PAD]", "cls_token": "[CLS]", "sep_token": "[SEP]"}
+    PreTrainedTokenizerFast(tokenizer_object=tokenizer, mask_token="[MASK]", **special).save_pretrained(where)
+    torch.manual_seed(0)
+    shape = {"hidden_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 16,
+             "max_position_embeddings": 16, **sizes}  # fmt: skip
+    labels = {"id2label": {0: "NEGATIVE", 1: "POSITIVE"}, "label2id": {"NEGATIVE": 0, "POSITIVE": 1}}
+    BertForSequenceClassification(BertConfig(vocab_size=len(words), **shape, **labels)).save_pretrained(where)
+    return where

@@ -4,6 +4,8 @@ same input gives the same result, or both refuse it (ours with a 4xx saying what
 from __future__ import annotations
 
 import io
+import json
+import logging
 import sys
 from pathlib import Path
 from typing import Any
@@ -14,8 +16,9 @@ import werkzeug.exceptions
 from PIL import Image
 
 from inference_server.containers import huggingface
-from tests.conftest import outcome
+from tests.conftest import outcome, save_bert_classifier
 from tests.test_containers_common import _assert_decoded_alike, _npy
+from tests.test_containers_pytorch import _mapped_share
 
 
 def _png(mode: str = "RGBA") -> bytes:
@@ -141,3 +144,85 @@ def test_a_missing_module_names_what_to_install(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setitem(sys.modules, "transformers", None)
     with pytest.raises(ImportError, match="need transformers and PyTorch: pip install transformers torch"):
         huggingface.model_fn("/nonexistent")
+
+
+@pytest.fixture(scope="module")
+def bert_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A text classifier of about 3 MB saved as transformers saves one (config.json, model.safetensors, a word-level
+    tokenizer), made here: nothing is downloaded."""
+    return save_bert_classifier(
+        tmp_path_factory.mktemp("bert"), hidden_size=128, num_hidden_layers=4, num_attention_heads=4,
+        intermediate_size=512, max_position_embeddings=32,
+    )  # fmt: skip
+
+
+def _copy_of(bert_dir: Path, where: Path, weights: str) -> Path:
+    """``bert_dir`` copied to ``where`` with its weights as ``weights``: model.safetensors as it is, or a state dict
+    saved by torch.save as pytorch_model.bin, zip-format or "legacy" (PyTorch's format before 1.6)."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file
+
+    shutil.copytree(bert_dir, where)
+    if weights != "model.safetensors":
+        state = load_file(where / "model.safetensors")
+        (where / "model.safetensors").unlink()
+        torch.save(state, where / "pytorch_model.bin", _use_new_zipfile_serialization=weights != "legacy")
+    return where
+
+
+def _scores(classify: Any) -> list[Any]:
+    return classify(["the movie was good", "bad"], top_k=None)
+
+
+@pytest.mark.parametrize("weights", ["model.safetensors", "pytorch_model.bin"])
+def test_huggingface_model_fn_keeps_the_weights_mapped_from_their_file(
+    bert_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, weights: str
+) -> None:
+    """On the CPU the pipeline's weights lie in a mapping of model.safetensors (or of a zip-format .bin, which
+    transformers loads with torch.load(mmap=True, weights_only=True)), not in copies; its predictions are those of
+    the same model read into memory (disable_mmap); no DEBUG line."""
+    from transformers import pipeline
+
+    monkeypatch.setenv("HF_TASK", "text-classification")
+    model_dir = _copy_of(bert_dir, tmp_path / "model", weights)
+    with caplog.at_level(logging.DEBUG, logger="inference_server"):
+        classify = huggingface.model_fn(str(model_dir))
+    assert "not memory-mapped" not in caplog.text
+    assert _mapped_share(classify.model.state_dict().values(), model_dir / weights) == 1.0
+    read = pipeline("text-classification", model=str(bert_dir), device=-1, model_kwargs={"disable_mmap": True})
+    assert _mapped_share(read.model.state_dict().values(), bert_dir) == 0.0
+    assert _scores(classify) == _scores(read)
+
+
+@pytest.mark.parametrize("case", ["legacy .bin", "dtype converted"])
+def test_huggingface_weights_that_are_not_mapped_are_said_in_a_debug_line(
+    bert_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, case: str
+) -> None:
+    """A checkpoint transformers reads into memory (a .bin in PyTorch's legacy format) or converts (float16
+    weights, config.json's dtype float32) loads as it did, and one DEBUG line says how many bytes are not mapped
+    and the likely reason."""
+    monkeypatch.setenv("HF_TASK", "text-classification")
+    if case == "legacy .bin":
+        model_dir = _copy_of(bert_dir, tmp_path / "model", "legacy")
+        reason = "pytorch_model.bin: a checkpoint in PyTorch's legacy format (not a zip file)"
+    else:
+        from transformers import BertForSequenceClassification
+
+        model_dir = tmp_path / "model"
+        _copy_of(bert_dir, model_dir, "model.safetensors")
+        BertForSequenceClassification.from_pretrained(str(bert_dir)).half().save_pretrained(model_dir)
+        config = json.loads((model_dir / "config.json").read_text())
+        assert config["dtype"] == "float16"
+        (model_dir / "config.json").write_text(json.dumps({**config, "dtype": "float32"}))
+        reason = "transformers copied them: a dtype in config.json other than the checkpoint's"
+    with caplog.at_level(logging.DEBUG, logger="inference_server"):
+        classify = huggingface.model_fn(str(model_dir))
+    lines = [record.getMessage() for record in caplog.records if "not memory-mapped" in record.getMessage()]
+    assert len(lines) == 1, lines
+    size = sum(tensor.untyped_storage().nbytes() for tensor in classify.model.state_dict().values())
+    assert f": {size} of the {size} bytes of the model's weights are in memory" in lines[0]
+    assert reason in lines[0]
+    assert _mapped_share(classify.model.state_dict().values(), model_dir) == 0.0
+    assert [len(labels) for labels in _scores(classify)] == [2, 2]

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from sklearn.linear_model import LogisticRegression
 
-from tests.conftest import ServerFactory, free_port
+from tests.conftest import ServerFactory, free_port, save_bert_classifier
 
 #: The scikit-learn container's example, as AWS writes it: a joblib model, CSV parsed by input_fn.
 SKLEARN = """
@@ -526,29 +526,7 @@ def test_a_pytorch_model_directory_without_one_model_file_is_a_503_naming_them(
 def hf_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny text classifier saved as transformers saves one (config.json naming BertForSequenceClassification,
     safetensors weights, a word-level tokenizer), made here: nothing is downloaded."""
-    import torch
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import BertConfig, BertForSequenceClassification, PreTrainedTokenizerFast
-
-    where = tmp_path_factory.mktemp("hf") / "model"
-    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "movie", "was", "good", "bad"]
-    tokenizer = Tokenizer(models.WordLevel({word: i for i, word in enumerate(words)}, unk_token="[UNK]"))
-    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
-    special = {"unk_token": "[UNK]", "pad_token": "[PAD]", "cls_token": "[CLS]", "sep_token": "[SEP]"}
-    PreTrainedTokenizerFast(tokenizer_object=tokenizer, mask_token="[MASK]", **special).save_pretrained(where)
-    torch.manual_seed(0)
-    config = BertConfig(
-        vocab_size=len(words),
-        hidden_size=8,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=16,
-        max_position_embeddings=16,
-        id2label={0: "NEGATIVE", 1: "POSITIVE"},
-        label2id={"NEGATIVE": 0, "POSITIVE": 1},
-    )
-    BertForSequenceClassification(config).save_pretrained(where)
-    return where
+    return save_bert_classifier(tmp_path_factory.mktemp("hf") / "model")
 
 
 def test_a_hugging_face_model_is_served_without_a_script(servers: ServerFactory, hf_model_dir: Path) -> None:

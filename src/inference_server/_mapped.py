@@ -99,15 +99,25 @@ def _npz(path: Path) -> dict[str, np.ndarray]:
     return arrays
 
 
+def member_offset(file: Any, member: zipfile.ZipInfo) -> int:
+    """Where the data of the zip member ``member`` starts in ``file`` (the archive, opened for reading): after its
+    local header, whose name and extra field may differ from the central directory's. :class:`ValueError` if there
+    is no local header there, or the data would end past the file's end."""
+    file.seek(member.header_offset)
+    local = file.read(30)
+    if len(local) != 30 or local[:4] != b"PK\x03\x04":
+        raise ValueError(f"{member.filename} has no local header")
+    name_length, extra_length = struct.unpack("<HH", local[26:30])
+    start = int(member.header_offset) + 30 + int(name_length) + int(extra_length)
+    if start + member.compress_size > os.fstat(file.fileno()).st_size:
+        raise ValueError(f"{member.filename} ends past the end of the file")
+    return start
+
+
 def _stored(file: Any, member: zipfile.ZipInfo) -> np.ndarray | None:
     """An uncompressed ``.npz`` member's array, mapped where its bytes lie in the file; None for a header this does
     not read (the ``.npy`` format's version 3, for UTF-8 field names), which is read into memory instead."""
-    file.seek(member.header_offset)
-    local = file.read(30)
-    if local[:4] != b"PK\x03\x04":
-        raise ValueError(f"{member.filename} has no local header")
-    name_length, extra_length = struct.unpack("<HH", local[26:30])
-    start = member.header_offset + 30 + name_length + extra_length
+    start = member_offset(file, member)
     file.seek(start)
     version = np.lib.format.read_magic(file)
     if version == (1, 0):

@@ -100,10 +100,7 @@ def _keep_large_blocks_apart() -> None:
 def _give_memory_back() -> None:
     """Collect cycles, then ask the C allocator to return freed memory to the system (glibc's ``malloc_trim``)."""
     gc.collect()
-    name = ctypes.util.find_library("c")
-    if name:
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(name).malloc_trim(0)
+    _memory.give_memory_back()
 
 
 class MultiModel:

@@ -1,7 +1,17 @@
 """The Hugging Face inference toolkit's defaults: ``model_fn`` builds a ``transformers`` pipeline for ``HF_TASK``
 (else the task of ``config.json``'s architecture); JSON, CSV with a header row, ``.npy``, images and audio in;
 ``pipeline(inputs, **parameters)``; compact JSON, CSV records, ``.npy`` or an image out. transformers, PyTorch and
-Pillow are imported on first use."""
+Pillow are imported on first use.
+
+On the CPU the model's weights stay memory-mapped from its files, as transformers (5.x) loads them: a
+``model.safetensors`` file (or its shards) through safetensors' ``mmap`` backend, a zip-format ``pytorch_model.bin``
+through ``torch.load(mmap=True, weights_only=True)`` (nothing unpickled but what PyTorch's weights-only loader
+allows), each tensor kept where it lies in the file when its dtype is the one the model is loaded in (``dtype="auto"``,
+the pipeline's default: config.json's ``dtype``, else the checkpoint's). The workers that load the same model (a
+multi-model endpoint's, each on first use) then share its pages through the page cache. What transformers copies
+instead is said in one DEBUG line with its size and the likely reason: a legacy (pre-zip) ``.bin`` checkpoint, a
+``dtype`` in config.json other than the checkpoint's, weights it converts or initialises (absent from the
+checkpoint)."""
 
 from __future__ import annotations
 
@@ -10,7 +20,9 @@ import csv
 import datetime
 import io
 import json
+import logging
 import os
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,7 +30,7 @@ from typing import Any
 import numpy as np
 import werkzeug.exceptions
 
-from inference_server import codecs
+from inference_server import _memory, codecs
 from inference_server.codecs import npy
 from inference_server.containers._common import (
     CSV,
@@ -31,6 +43,8 @@ from inference_server.containers._common import (
     _torch,
     _unsupported,
 )
+
+logger = logging.getLogger("inference_server")
 
 IMAGE_TYPES = ("image/jpeg", "image/png", "image/tiff", "image/bmp", "image/gif", "image/webp", "image/x-image")
 AUDIO_TYPES = ("audio/x-flac", "audio/mpeg", "audio/wave", "audio/ogg", "audio/x-audio")
@@ -94,7 +108,68 @@ def model_fn(model_dir: str) -> Any:
     source = {"feature_extractor" if task in _FEATURE_TASKS else "tokenizer": model_dir}
     device = 0 if _torch().cuda.is_available() else -1
     trust = os.environ.get("HF_TRUST_REMOTE_CODE", "false").strip().lower() in ("1", "y", "yes", "t", "true", "on")
-    return transformers.pipeline(task=task, model=model_dir, device=device, trust_remote_code=trust, **source)
+    pipeline = transformers.pipeline(task=task, model=model_dir, device=device, trust_remote_code=trust, **source)
+    _say_what_is_not_mapped(pipeline, model_dir)
+    return pipeline
+
+
+def _file_mappings(directory: Path) -> list[tuple[int, int]] | None:
+    """The address ranges (start, end) this process maps of the files under ``directory``, adjacent ones merged;
+    None where ``/proc`` does not say (not Linux)."""
+    if not os.path.isdir("/proc/self"):
+        return None
+    inside = os.path.realpath(directory) + os.sep
+    merged: list[tuple[int, int]] = []
+    for start, end in sorted((region.start, region.end) for region in _memory.mappings()
+                             if os.path.realpath(region.path).startswith(inside)):  # fmt: skip
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(end, merged[-1][1]))
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def _say_what_is_not_mapped(pipeline: Any, model_dir: str) -> None:
+    """One DEBUG line when some of the pipeline's model's weights on the CPU (its state dict's distinct storages) lie
+    outside the mappings of the model directory's files: transformers read or converted them into memory."""
+    torch = _torch()
+    model = getattr(pipeline, "model", None)
+    if not isinstance(model, torch.nn.Module):
+        return
+    mappings = _file_mappings(Path(model_dir))
+    if mappings is None:
+        return
+    total = unmapped = 0
+    seen = set()
+    for tensor in model.state_dict(keep_vars=True).values():
+        if not isinstance(tensor, torch.Tensor) or tensor.device.type != "cpu" or tensor.layout != torch.strided:
+            continue
+        storage = tensor.untyped_storage()
+        start, size = storage.data_ptr(), storage.nbytes()
+        if start in seen or size == 0:
+            continue
+        seen.add(start)
+        total += size
+        if not any(low <= start and start + size <= high for low, high in mappings):
+            unmapped += size
+    if unmapped:
+        directory = Path(model_dir)
+        safetensors = any(directory.glob("*.safetensors"))
+        legacy = [] if safetensors else [p.name for p in sorted(directory.glob("*.bin")) if not zipfile.is_zipfile(p)]
+        reason = (
+            f"{', '.join(legacy)}: a checkpoint in PyTorch's legacy format (not a zip file), which torch.load reads "
+            "into memory; save the model again (save_pretrained writes model.safetensors)"
+            if legacy
+            else "transformers copied them: a dtype in config.json other than the checkpoint's, weights it converts, "
+            "or weights absent from the checkpoint"
+        )
+        logger.debug(
+            "%s: %d of the %d bytes of the model's weights are in memory, not memory-mapped from its files: %s",
+            model_dir,
+            unmapped,
+            total,
+            reason,
+        )
 
 
 def _csv_inputs(text: str) -> dict[str, Any]:
