@@ -46,9 +46,10 @@ def test_two_workers_serve_each_model_list_it_and_unload_it_everywhere(
         ("churn", str(models_dir / "churn")),
         ("fraud", str(models_dir / "fraud")),
     ]
-    holders = {int(pid) for pid in models[1]["rssBytesByWorker"]}
+    holders = {int(pid) for pid in models[1]["privateBytesByWorker"]}
     assert 1 <= len(holders) <= 2
-    assert all(cost >= 0 for model in models for cost in model["rssBytesByWorker"].values())
+    for model in models:  # what each costs the machine: its workers' private memory, and its files mapped (none)
+        assert model["memoryBytes"] == sum(model["privateBytesByWorker"].values()) + model["mappedBytes"]
 
     assert server.request("DELETE", "/models/fraud").json() == {"status": "Model 'fraud' unloaded"}
     for method, path, body in (("POST", "/models/fraud/invoke", [ROW]), ("GET", "/models/fraud", None)):
