@@ -14,14 +14,18 @@ from inference_server._memory import Cost
 _MB = 1 << 20
 
 
-def test_arrays_read_into_memory_are_private_and_a_mapped_file_is_not() -> None:
-    """64 MB of touched anonymous memory raise private_bytes by about 64 MB; a 64 MB file mapped and read through
-    raises it by almost nothing (its pages are the page cache's)."""
+def test_arrays_read_into_memory_grow_private_memory() -> None:
+    """64 MB of touched anonymous memory raise private_bytes by about 64 MB."""
     before = _memory.private_bytes()
     array = np.ones(64 * _MB // 8)
     grown = _memory.private_bytes() - before
     assert 60 * _MB < grown < 72 * _MB, grown
     del array
+
+
+def _identity(path: Path) -> str:
+    stat = path.stat()
+    return f"{os.major(stat.st_dev):02x}:{os.minor(stat.st_dev):02x}:{stat.st_ino}"
 
 
 def test_a_mapped_file_counts_as_mapped_not_private(tmp_path: Path) -> None:
@@ -35,25 +39,38 @@ def test_a_mapped_file_counts_as_mapped_not_private(tmp_path: Path) -> None:
     before, private = _memory.mappings(), _memory.private_bytes()
     weights = np.load(model / "w.npy", mmap_mode="r")
     other = np.load(elsewhere / "x.npy", mmap_mode="r")
-    assert float(weights.sum()) > 0
+    assert float(weights.sum()) > 0  # every page read
     assert float(other.sum()) > 0
     mapped = _memory.mapped_files(before, _memory.mappings(), str(model))
     assert _memory.private_bytes() - private < 4 * _MB
-    (size,) = mapped.values()
-    assert (model / "w.npy").stat().st_size <= size < (model / "w.npy").stat().st_size + 8192
-    stat = (model / "w.npy").stat()
-    assert list(mapped) == [f"{os.major(stat.st_dev):02x}:{os.minor(stat.st_dev):02x}:{stat.st_ino}"]
+    size = (model / "w.npy").stat().st_size
+    assert list(mapped) == [_identity(model / "w.npy")]
+    assert size <= mapped[_identity(model / "w.npy")] < size + 8192
     del weights, other
 
 
-def test_one_file_mapped_twice_counts_once() -> None:
-    """Two regions over the same bytes of a file, and one past them: the file counts the bytes they cover together."""
-    first = _memory.Mapping(0x1000, 0x5000, 0, "fd:01:7", "/m/w")
-    again = _memory.Mapping(0x9000, 0xB000, 0x2000, "fd:01:7", "/m/w")
-    beyond = _memory.Mapping(0xC000, 0xD000, 0x8000, "fd:01:7", "/m/w")
-    assert _memory.mapped_files(frozenset(), frozenset({first, again, beyond}), "/m") == {"fd:01:7": 0x5000}
-    assert _memory.mapped_files(frozenset({first}), frozenset({first, again}), "/m") == {"fd:01:7": 0x2000}
-    assert _memory.mapped_files(frozenset(), frozenset({first}), "/mo") == {}  # (not under /mo: a prefix of a name)
+def test_a_file_linked_in_or_under_an_odd_name_is_the_models(tmp_path: Path) -> None:
+    """A weights file that the model's directory links to from elsewhere (as a Hugging Face cache's snapshot links
+    its blobs), in a directory whose name holds a newline and spaces, is the model's: files are matched by device
+    and inode, not by the path /proc/self/maps writes."""
+    blobs, model = tmp_path / "blobs", tmp_path / "a model\nv2" / "snapshot"
+    blobs.mkdir()
+    model.mkdir(parents=True)
+    np.save(blobs / "w.npy", np.ones(1 << 18))
+    (model / "w.npy").symlink_to(blobs / "w.npy")
+    before = _memory.mappings()
+    weights = np.load(model / "w.npy", mmap_mode="r")
+    assert float(weights.sum()) == 1 << 18
+    mapped = _memory.mapped_files(before, _memory.mappings(), str(model))
+    assert list(mapped) == [_identity(blobs / "w.npy")]
+    del weights
+
+
+def test_ranges_of_one_file_count_once() -> None:
+    """Two regions over the same bytes of a file, and one past them, cover the bytes they cover together."""
+    assert _memory._covered([(0, 0x4000), (0x2000, 0x4000), (0x8000, 0x9000)]) == 0x5000
+    assert _memory._covered([(0x2000, 0x4000)]) == 0x2000
+    assert _memory._covered([]) == 0
 
 
 def test_a_machine_pays_private_memory_per_worker_and_a_file_once() -> None:

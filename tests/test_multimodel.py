@@ -230,7 +230,7 @@ def test_the_memory_budget_counts_what_the_models_cost_the_machine(
 ) -> None:
     """Two workers, --max-model-memory 100: three 30 MB mapped models load and, held by both workers, cost the machine
     30 MB each (GET /models and /metrics: their files once); a 30 MB model read into memory counts twice (every
-    worker loads it), so it is 507 until two mapped ones are unloaded."""
+    worker loads it), so it is 507 while two mapped ones are loaded (60 + 60), and loads once one is left."""
     plugin_site.add("mm_files", FILE_MODEL)
     server = servers.start(
         "--multi-model", "--workers", "2", "--max-model-memory", "100", "--allow-model-dir", str(tmp_path),
@@ -252,8 +252,9 @@ def test_the_memory_budget_counts_what_the_models_cost_the_machine(
     assert over.status == 507
     assert "--max-model-memory" in over.json()["message"]
     assert server.request("GET", "/models/p").status == 404
-    for name in ("m1", "m2"):
-        assert server.request("DELETE", f"/models/{name}").status == 200
+    assert server.request("DELETE", "/models/m1").status == 200
+    assert load(server, "p", tmp_path / "p").status == 507  # 60 MB of files, and 30 MB in each of 2 workers
+    assert server.request("DELETE", "/models/m2").status == 200
     assert load(server, "p", tmp_path / "p").status == 200
     scraped = {
         tuple(sample.labels.values()): sample.value
@@ -271,7 +272,7 @@ def test_a_worker_holding_no_target_model_asks_the_others_to_make_room(
 ) -> None:
     """Two workers, --model-root, --max-model-memory 100: one worker holds three 30 MB TargetModels; the other,
     invoked for a fourth, has none of its own to unload, so it asks, and the first unloads its least recently used
-    (t1): the invocation is 200 and the machine stays within the budget."""
+    (t1) and no other: the invocation is 200 and the machine is within the budget (/metrics)."""
     plugin_site.add("mm_model", MODEL)
     root = tmp_path / "root"
     for name in ("t1", "t2", "t3", "t4"):
@@ -306,9 +307,66 @@ def test_a_worker_holding_no_target_model_asks_the_others_to_make_room(
     assert answer["pid"] != holder
     assert [path.name for path in (root / "t1").glob("unloaded-*")] == [f"unloaded-{holder}"]
     assert not list((root / "t2").glob("unloaded-*"))
-    assert "asking 1 other workers to unload a model to make room for 't4'" in server.output()
+    assert f"asking worker {holder} to unload a model to make room for 't4'" in server.output()
+    memory = [
+        sample.value
+        for family in text_string_to_metric_families(server.request("GET", "/metrics").body.decode())
+        for sample in family.samples
+        if sample.name == "inference_server_model_memory_bytes"
+    ]
+    assert 90 * MB <= sum(memory) <= 100 * MB  # t2, t3, t4 (and the tiny probe)
     first.close()
     other.close()
+
+
+def test_a_model_loaded_through_the_api_counts_in_every_worker_even_with_no_worker_holding_it(tmp_path: Path) -> None:
+    """--workers 2: a model whose load made 16 MB resident counts 32 MB for the machine's budget (every worker will
+    load it), and still does once the worker that held it is gone: its registry entry keeps what the load cost."""
+    from inference_server import _plugins, plugin_hook
+    from inference_server._multimodel import MultiModel
+    from inference_server._registry import Registry
+    from inference_server._settings import Settings
+    from inference_server.wsgi._app import App
+
+    class Plugin:
+        @plugin_hook
+        def model_fn(self, model_dir: str) -> Any:
+            return np.ones(16 * MB // 8)
+
+    settings = Settings(model_dir=str(tmp_path), multi_model=True, allow_model_dir=(str(tmp_path),), workers=2)
+    app = App(settings, _plugins.build_manager([], [Plugin()]))
+    models = MultiModel(app.pipeline, app.settings, Registry(tmp_path / "registry"))
+    (tmp_path / "m").mkdir()
+    models.load("m", str(tmp_path / "m"))
+    assert 30 * MB < models.machine_bytes() < 36 * MB
+    assert models.account()[0] == 1
+    models.registry.forget_worker(os.getpid())  # (as the serving process does when the worker that held it exits)
+    assert models.account() == (0, 0, 0)
+    assert 30 * MB < models.machine_bytes() < 36 * MB
+
+
+def test_a_model_past_the_whole_budget_is_refused_without_unloading_others(
+    servers: Any, plugin_site: Any, tmp_path: Path
+) -> None:
+    """--model-root, --max-model-memory 50: with t1 and t2 (20 MB each) held, a TargetModel of 64 MB is 507 at once
+    and t1 and t2 stay loaded (no eviction for a model that could never fit)."""
+    plugin_site.add("mm_model", MODEL)
+    root = tmp_path / "root"
+    for name, size in (("t1", 20), ("t2", 20), ("huge", 64)):
+        model_dir(root, name, size)
+    server = servers.start(
+        "--multi-model", "--workers", "1", "--model-root", str(root), "--max-model-memory", "50", plugins=["mm_model"]
+    )
+
+    def target(name: str) -> Any:
+        return server.request("POST", "/invocations", b"[1]", {**JSON, "X-Amzn-SageMaker-Target-Model": name})
+
+    assert [target(name).status for name in ("t1", "t2")] == [200, 200]
+    huge = target("huge")
+    assert huge.status == 507
+    assert "more than the 50 MB the models may cost the machine" in huge.json()["message"]
+    assert not list((root / "t1").glob("unloaded-*"))
+    assert not list((root / "t2").glob("unloaded-*"))
 
 
 def _tarball(path: Path, members: dict[str, bytes], links: dict[str, str] | None = None) -> Path:

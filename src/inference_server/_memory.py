@@ -1,7 +1,7 @@
 """What loading a model costs this process, in the two kinds of memory that add up differently on a machine.
 
-- **Private**: the growth of this process's anonymous memory (resident memory less file-backed pages, from
-  ``/proc/self/statm``) while ``model_fn`` ran: the arrays it read into memory. Each worker that loads the model
+- **Private**: the growth of this process's memory that no file backs (anonymous and shared memory, from
+  ``/proc/self/status``) while ``model_fn`` ran: the arrays it read into memory. Each worker that loads the model
   pays it again.
 - **Mapped**: the bytes of the model's own files (under its directory) that ``model_fn`` mapped into memory
   (:func:`inference_server.mapped`, ``np.load(mmap_mode="r")``, safetensors): they live once in the page cache,
@@ -17,8 +17,6 @@ import ctypes
 import ctypes.util
 import os
 from typing import NamedTuple
-
-_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 class Mapping(NamedTuple):
@@ -42,14 +40,17 @@ class Cost(NamedTuple):
 
 
 def private_bytes() -> int:
-    """This process's resident anonymous memory now: its resident pages less those backed by files (0 without
-    ``/proc``)."""
+    """This process's resident memory now that no file backs: anonymous memory and shared memory it made
+    (``RssAnon`` + ``RssShmem`` of ``/proc/self/status``; 0 without it)."""
+    total = 0
     try:
-        with open("/proc/self/statm", "rb") as statm:
-            fields = statm.read().split()
-        return (int(fields[1]) - int(fields[2])) * _PAGE
+        with open("/proc/self/status", "rb") as status:
+            for line in status:
+                if line.startswith((b"RssAnon:", b"RssShmem:")):
+                    total += int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         return 0
+    return total
 
 
 def mappings() -> frozenset[Mapping]:
@@ -69,14 +70,25 @@ def mappings() -> frozenset[Mapping]:
     return frozenset(found)
 
 
+def files_under(directory: str) -> frozenset[str]:
+    """The files under ``directory`` (links followed, so a file linked in from elsewhere is the model's too), by
+    device and inode as ``/proc/self/maps`` writes them."""
+    found = set()
+    for folder, _, names in os.walk(directory, followlinks=True):
+        for name in names:
+            with contextlib.suppress(OSError):
+                stat = os.stat(os.path.join(folder, name))
+                found.add(f"{os.major(stat.st_dev):02x}:{os.minor(stat.st_dev):02x}:{stat.st_ino}")
+    return frozenset(found)
+
+
 def mapped_files(before: frozenset[Mapping], after: frozenset[Mapping], directory: str) -> dict[str, int]:
-    """The files under ``directory`` that regions new since ``before`` map, with the bytes of each they cover (the
-    union of the regions' ranges of the file)."""
-    root = os.path.realpath(directory)
+    """The files under ``directory`` (:func:`files_under`) that regions new since ``before`` map, with the bytes of
+    each they cover (the union of the regions' ranges of the file)."""
+    files = files_under(directory)
     ranges: dict[str, list[tuple[int, int]]] = {}
     for region in after - before:
-        real = os.path.realpath(region.path)
-        if real == root or real.startswith(root.rstrip(os.sep) + os.sep):
+        if region.file in files:
             ranges.setdefault(region.file, []).append((region.offset, region.offset + region.end - region.start))
     return {file: _covered(spans) for file, spans in ranges.items()}
 

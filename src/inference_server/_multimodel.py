@@ -17,8 +17,9 @@ and unloads models through the container's ``/models`` API and invokes them at `
   the model costs the machine (``memoryBytes``: the private memory of every worker that holds it, plus its files
   once). ``--max-models`` bounds the models registered; ``--max-model-memory`` (MB) bounds what the loaded models
   cost the machine together, a model loaded through ``/models`` counted with its private memory in every worker
-  (each loads it on first use) from its load on. Past either, a load answers 507, which tells SageMaker to unload
-  others first; so does a ``MemoryError`` from ``model_fn``.
+  (each loads it on first use) from its load on (its registry entry keeps what its load cost). Past either, a load
+  answers 507, which tells SageMaker to unload others first; so does a ``MemoryError`` from ``model_fn``, and a model
+  that alone costs more than the budget.
 - **Loads stay inside their roots.** A load's directory, its symbolic links resolved, must be (inside) SageMaker's
   ``/opt/ml/models``, ``--model-root`` or an ``--allow-model-dir``: anything else is a 403 whose answer names no
   directory (the log names the allowed ones), so that a request cannot make ``model_fn`` run over ``/etc`` or over
@@ -34,6 +35,7 @@ Models stay loaded while they are used: nothing is unloaded for being idle.
 from __future__ import annotations
 
 import base64
+import collections
 import contextlib
 import ctypes
 import ctypes.util
@@ -146,7 +148,8 @@ class MultiModel:
                         f"{self.max_models} models are loaded already (--max-models); unload one to load {name!r}"
                     )
                 self._load(("api", name), directory)
-                self.registry.add(name, url)
+                cost = self._costs.get(("api", name))
+                self.registry.add(name, url, cost.private if cost is not None else 0)
         except Busy:
             raise Conflict(f"the model {name!r} is loaded already") from None
         logger.info("Multi-model: loaded %r from %s", name, url)
@@ -163,7 +166,7 @@ class MultiModel:
         found = self.registry.get(name)
         if found is None:
             raise NotFound(f"no model named {name!r} is loaded")
-        return self._entry(found.name, found.url)
+        return self._entry(found.name, found.url, self.registry.holdings())
 
     def listing(self, token: str | None, size: str | None) -> dict[str, Any]:
         """``GET /models``: a page of models by name from ``token`` (the previous page's ``nextPageToken``)."""
@@ -183,7 +186,8 @@ class MultiModel:
                 raise BadRequest(f"next_page_token {token!r} is not one this server gave") from None
         models = [model for model in self.registry.all() if model.name > after] if after else self.registry.all()
         page = models[:page_size]
-        answer: dict[str, Any] = {"models": [self._entry(model.name, model.url) for model in page]}
+        holdings = self.registry.holdings()
+        answer: dict[str, Any] = {"models": [self._entry(model.name, model.url, holdings) for model in page]}
         if len(models) > page_size:
             answer["nextPageToken"] = base64.urlsafe_b64encode(page[-1].name.encode("utf-8")).decode("ascii")
         return answer
@@ -192,10 +196,8 @@ class MultiModel:
         """The names of the models loaded (in any worker), in order."""
         return [model.name for model in self.registry.all()]
 
-    def _entry(self, name: str, url: str) -> dict[str, Any]:
-        costs = {
-            str(held.pid): held.cost for held in self.registry.holdings() if held.kind == "api" and held.name == name
-        }
+    def _entry(self, name: str, url: str, holdings: list[Holding]) -> dict[str, Any]:
+        costs = {str(held.pid): held.cost for held in holdings if held.kind == "api" and held.name == name}
         private, mapped = _memory.machine_bytes(list(costs.values()))
         return {
             "modelName": name,
@@ -205,32 +207,40 @@ class MultiModel:
             "mappedBytes": mapped,
         }
 
-    def _holdings(self, loading: str = "") -> list[Holding]:
+    def _holdings(self) -> tuple[list[Holding], dict[str, int]]:
         """What the workers hold now, less the models unloaded through ``/models`` that some still let go (within
-        :data:`WATCH_INTERVAL` seconds: an unload makes room at once); ``loading`` is being loaded through ``/models``,
-        not registered yet."""
-        registered = {model.name for model in self.registry.all()} | {loading}
-        return [held for held in self.registry.holdings() if held.kind != "api" or held.name in registered]
+        :data:`WATCH_INTERVAL` seconds: an unload makes room at once); and the models loaded through ``/models``
+        (registered, or being loaded now) with what each cost the worker that loaded it (its own memory)."""
+        registered = {model.name: model.private for model in self.registry.all()}
+        claims = self.registry.claims()
+        holdings = []
+        for held in self.registry.holdings():
+            if held.kind == "api" and held.name not in registered:
+                if self.registry.key(held.name) not in claims:
+                    continue  # unloaded
+                registered[held.name] = 0  # being loaded
+            holdings.append(held)
+        return holdings, registered
 
     def account(self) -> tuple[int, int, int]:
         """The machine's models, as the workers hold them now: how many (each once), bytes of private memory (summed
         over the workers), bytes of their files mapped (each file once)."""
-        holdings = self._holdings()
+        holdings, _ = self._holdings()
         private, mapped = _memory.machine_bytes([held.cost for held in holdings])
         return len({(held.kind, held.name) for held in holdings}), private, mapped
 
-    def machine_bytes(self, loading: str = "") -> int:
+    def machine_bytes(self) -> int:
         """What the models cost the machine, as ``--max-model-memory`` counts it: :meth:`account`'s private and mapped
-        bytes, plus the private memory of each model loaded through ``/models`` (``loading`` too) in the workers yet
-        to load it."""
-        holdings = self._holdings(loading)
+        bytes, plus the private memory of each model loaded through ``/models`` (or being loaded) in the workers yet
+        to load it (what its holders paid, else what its first load did)."""
+        holdings, registered = self._holdings()
         private, mapped = _memory.machine_bytes([held.cost for held in holdings])
-        registered: dict[str, list[int]] = {}
+        holders: dict[str, list[int]] = {name: [] for name in registered}
         for held in holdings:
             if held.kind == "api":
-                registered.setdefault(held.name, []).append(held.cost.private)
-        for privates in registered.values():
-            private += max(privates) * max(self.workers - len(privates), 0)
+                holders[held.name].append(held.cost.private)
+        for name, privates in holders.items():
+            private += max([registered[name], *privates]) * max(self.workers - len(privates), 0)
         return private + mapped
 
     # -- invocations ---------------------------------------------------------------------------------------------
@@ -349,6 +359,7 @@ class MultiModel:
                 return entry.model
             if make_room:
                 self._make_room(key, loaded=False)
+            _memory.give_memory_back()  # (memory freed earlier, when reused, is resident again: counted)
             private, mapped = _memory.private_bytes(), _memory.mappings()
             started = time.perf_counter()
             try:
@@ -376,13 +387,23 @@ class MultiModel:
             if self._recorder is not None:
                 self._recorder.loaded(key, time.perf_counter() - started)
             with self._lock:
+                entry = self._store.entry(key)
+                if entry is None or not entry.loaded:
+                    return model  # unloaded (DELETE) while it loaded: nothing held here to account for
                 self._costs[key] = cost
                 self._used[key] = time.monotonic()
                 self.registry.hold(self._costs)
+            alone = cost.private + sum(cost.mapped.values())
+            if self.budget and alone > self.budget:
+                self._drop(key, "failed")
+                raise InsufficientStorage(
+                    f"the model {key[1]!r} takes {alone / _MB:.1f} MB, more than the {self.budget / _MB:.0f} MB the "
+                    "models may cost the machine (--max-model-memory)"
+                )
             if make_room:  # (what it cost is known now)
                 self._make_room(key, loaded=True)
             counted = key[0] == "target" or self.registry.get(key[1]) is None  # (not a registered model's other copy)
-            used = self.machine_bytes(key[1] if key[0] == "api" else "") if self.budget and counted else 0
+            used = self.machine_bytes() if self.budget and counted else 0
             if used > self.budget:
                 self._drop(key, "failed")
                 size = (cost.private + sum(cost.mapped.values())) / _MB
@@ -395,8 +416,8 @@ class MultiModel:
 
     def _make_room(self, key: tuple[str, str], loaded: bool) -> None:
         """Unload the least recently used ``--model-root`` models until ``key`` may load (``loaded``: stay) within the
-        limits: this worker's own first, else (the machine's memory past the budget) one of each other worker that
-        holds some."""
+        limits: this worker's own first; else, past the memory budget, one of the other worker that holds the most,
+        one at a time."""
         deadline = time.monotonic() + UNLOAD_WAIT
         more = 0 if loaded else 1  # (before its load, the model needs room for one more model, and its bytes)
         while True:
@@ -415,14 +436,14 @@ class MultiModel:
                 continue
             if not over_memory:
                 return
-            others = {other.pid for other in self.registry.holdings() if other.kind == "target"} - {os.getpid()}
+            others = collections.Counter(
+                other.pid for other in self.registry.holdings() if other.kind == "target" and other.pid != os.getpid()
+            )
             if not others or time.monotonic() > deadline:
                 return  # a load goes on (and answers 507 if the machine has no room for it then)
-            logger.info(
-                "Multi-model: asking %d other workers to unload a model to make room for %r", len(others), key[1]
-            )
-            for pid in others:
-                self.registry.ask_to_unload(pid)
+            pid = others.most_common(1)[0][0]  # the worker holding the most: the likeliest to hold one unused
+            logger.info("Multi-model: asking worker %d to unload a model to make room for %r", pid, key[1])
+            self.registry.ask_to_unload(pid)
             used = self.machine_bytes()
             while self.machine_bytes() >= used and time.monotonic() < deadline:
                 time.sleep(WATCH_INTERVAL / 5)
@@ -431,12 +452,13 @@ class MultiModel:
         """Unload ``key`` here: the ``model_unload_fn`` hook, then the memory back to the system; ``reason`` is the
         metrics' (``request``, ``evicted``, ``failed``)."""
         entry = self._store.entry(key)
-        if not self._store.unload(key):
-            return
+        unloaded = self._store.unload(key)
         with self._lock:
-            self._costs.pop(key, None)
             self._used.pop(key, None)
-            self.registry.hold(self._costs)
+            if self._costs.pop(key, None) is not None:
+                self.registry.hold(self._costs)
+        if not unloaded:
+            return
         if entry is not None and entry.loaded:
             if self._recorder is not None:
                 self._recorder.unloaded(key, reason)

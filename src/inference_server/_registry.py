@@ -4,9 +4,10 @@ The registry is a directory of small files, ``<run dir>/models`` when ``serve`` 
 directory otherwise), so that a load through one worker is seen by all of them without the serving process taking
 part: one JSON file per model (``{"modelName", "modelUrl"}``) named by a hash of its name (names are opaque, and may
 hold any character), written whole and renamed into place. A load in progress holds ``<key>.loading``, made with
-``O_EXCL``: a second load of the same name, in any worker, is refused (409) until it is done. Each worker writes
-A worker notices changes by the directory's modification time (one ``stat``), and loads a registered model
-lazily on its first use; it unloads a model that left the registry within :data:`WATCH_INTERVAL` seconds.
+``O_EXCL``: a second load of the same name, in any worker, is refused (409) until it is done. An entry also keeps
+what the load cost the worker that made it in memory of its own (``privateBytes``). A worker notices changes by the
+directory's modification time (one ``stat``), and loads a registered model lazily on its first use; it unloads a
+model that left the registry within :data:`WATCH_INTERVAL` seconds.
 
 Each worker also says what the models it holds (loaded through ``/models`` or as a ``TargetModel``) cost it, in
 ``held/<pid>.json`` (written whole: :class:`~inference_server._memory.Cost` by model), for ``GET /models``, the
@@ -42,6 +43,8 @@ class Registered(NamedTuple):
 
     name: str
     url: str
+    #: Bytes of its own memory the load made resident in the worker that loaded it (what each worker will pay).
+    private: int = 0
 
 
 class Holding(NamedTuple):
@@ -103,11 +106,11 @@ class Registry:
         finally:
             claim.unlink(missing_ok=True)
 
-    def add(self, name: str, url: str) -> None:
-        """Register ``name`` (whole, atomically)."""
+    def add(self, name: str, url: str, private: int = 0) -> None:
+        """Register ``name`` (whole, atomically), whose load cost ``private`` bytes of the worker's own memory."""
         key = self.key(name)
         temporary = self.path / f".{key}.{os.getpid()}.tmp"
-        temporary.write_bytes(orjson.dumps({"modelName": name, "modelUrl": url}))
+        temporary.write_bytes(orjson.dumps({"modelName": name, "modelUrl": url, "privateBytes": private}))
         os.replace(temporary, self.path / f"{key}.json")
 
     def remove(self, name: str) -> bool:
@@ -125,7 +128,7 @@ class Registry:
             found = orjson.loads((self.path / f"{self.key(name)}.json").read_bytes())
         except (FileNotFoundError, orjson.JSONDecodeError):
             return None
-        return Registered(found["modelName"], found["modelUrl"])
+        return Registered(found["modelName"], found["modelUrl"], int(found.get("privateBytes", 0)))
 
     def all(self) -> list[Registered]:
         """Every registered model, by name."""
@@ -133,8 +136,12 @@ class Registry:
         for path in self.path.glob("*.json"):
             with contextlib.suppress(FileNotFoundError, orjson.JSONDecodeError):
                 found = orjson.loads(path.read_bytes())
-                models.append(Registered(found["modelName"], found["modelUrl"]))
+                models.append(Registered(found["modelName"], found["modelUrl"], int(found.get("privateBytes", 0))))
         return sorted(models)
+
+    def claims(self) -> set[str]:
+        """The keys (:meth:`key`) of the models being loaded now."""
+        return {path.stem for path in self.path.glob("*.loading")}
 
     def count(self) -> int:
         """How many models are registered or being loaded."""

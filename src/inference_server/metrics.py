@@ -186,7 +186,8 @@ class Recorder:
         #: of private and of mapped memory they cost.
         self._account: Callable[[], tuple[int, int, int]] | None = None
         #: The models this worker holds, by (kind, name), on a multi-model endpoint (else None).
-        self._held: set[tuple[str, str]] | None = None
+        self._held: set[tuple[str, str]] | None = None  # (replaced whole, under the lock; read without it)
+        self._held_lock = threading.Lock()
         self._model_families: _ModelFamilies | None = None
 
     # -- rare events: straight into the Prometheus client -----------------------------------------------------
@@ -204,15 +205,17 @@ class Recorder:
         """This process serves a multi-model endpoint, whose ``account()`` says how many models the machine holds and
         what they cost it (bytes of private memory, bytes mapped): their metrics are exported, at zero until used."""
         self._account = account
-        if self._held is None:
-            self._held = set()
+        with self._held_lock:
+            if self._held is None:
+                self._held = set()
 
     def loaded(self, key: tuple[str, str], seconds: float) -> None:
         """This worker loaded the model ``key`` of a multi-model endpoint in ``seconds``."""
         families = self.families()
         families.model_loads.inc()
         families.model_load_seconds.observe(seconds)
-        self._held = (self._held or set()) | {key}
+        with self._held_lock:
+            self._held = (self._held or set()) | {key}
 
     def load_failed(self, seconds: float) -> None:
         """This worker's load of a model failed after ``seconds`` (its ``model_fn`` raised)."""
@@ -224,7 +227,8 @@ class Recorder:
     def unloaded(self, key: tuple[str, str], reason: str) -> None:
         """This worker unloaded the model ``key`` (``reason`` one of :data:`UNLOAD_REASONS`)."""
         self.model_families().unloads.labels(reason).inc()
-        self._held = (self._held or set()) - {key}
+        with self._held_lock:
+            self._held = (self._held or set()) - {key}
 
     def missed(self, waited: float) -> None:
         """An invocation did not find its model loaded in this worker, and waited ``waited`` seconds for its load."""

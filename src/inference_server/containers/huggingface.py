@@ -114,14 +114,13 @@ def model_fn(model_dir: str) -> Any:
 
 
 def _file_mappings(directory: Path) -> list[tuple[int, int]] | None:
-    """The address ranges (start, end) this process maps of the files under ``directory``, adjacent ones merged;
-    None where ``/proc`` does not say (not Linux)."""
+    """The address ranges (start, end) this process maps of the files under ``directory`` (links followed), adjacent
+    ones merged; None where ``/proc`` does not say (not Linux)."""
     if not os.path.isdir("/proc/self"):
         return None
-    inside = os.path.realpath(directory) + os.sep
+    files = _memory.files_under(str(directory))
     merged: list[tuple[int, int]] = []
-    for start, end in sorted((region.start, region.end) for region in _memory.mappings()
-                             if os.path.realpath(region.path).startswith(inside)):  # fmt: skip
+    for start, end in sorted((region.start, region.end) for region in _memory.mappings() if region.file in files):
         if merged and start <= merged[-1][1]:
             merged[-1] = (merged[-1][0], max(end, merged[-1][1]))
         else:
