@@ -1,7 +1,10 @@
 """Reply bodies: cleanups run once when the server closes the body, and items are buffers every server sends;
-problems: what went wrong, before a protocol writes it."""
+problems: what went wrong, before a protocol writes it; answers compressed as the client's Accept-Encoding allows."""
 
 from __future__ import annotations
+
+import gzip
+import zlib
 
 import numpy as np
 import orjson
@@ -9,7 +12,7 @@ import pytest
 import werkzeug.exceptions
 
 from inference_server.errors import HookError, ServiceUnavailable
-from inference_server.wsgi._replies import HAND_OVER, PIECE, Body, problem_for
+from inference_server.wsgi._replies import HAND_OVER, PIECE, Body, compressed, problem_for
 
 
 def test_cleanups_run_once_when_the_server_closes_the_body() -> None:
@@ -154,3 +157,54 @@ def test_a_werkzeug_error_without_a_description_keeps_a_null_message() -> None:
 
     status, _, body = problem_for(Teapot(), "r4", ENVIRON).reply()
     assert (status, orjson.loads(b"".join(body))) == (418, {"message": None, "request_id": "r4", "status": 418})
+
+
+@pytest.mark.parametrize(
+    ("accepted", "coding"),
+    [
+        ("gzip", "gzip"),
+        ("deflate", "deflate"),
+        ("gzip;q=0, deflate", "deflate"),
+        ("br, *;q=0.1", "gzip"),
+        ("identity", None),
+        ("gzip;q=0, deflate;q=0.0", None),
+        ("gzip;q=oops", None),
+    ],
+)
+def test_an_answer_is_compressed_as_accept_encoding_allows(accepted: str, coding: str | None) -> None:
+    """gzip when allowed (q above 0, or '*'), else deflate, else as it is; the headers say the coding, the new
+    length and Vary; the client's decoder gives back the answer."""
+    text = b'{"predictions": [' + b"0.25, " * 400 + b"1.0]}"
+    headers = [("Content-Type", "application/json"), ("Content-Length", str(len(text)))]
+    body = compressed({"HTTP_ACCEPT_ENCODING": accepted}, headers, [text[:100], memoryview(text)[100:]])
+    if coding is None:
+        assert headers == [("Content-Type", "application/json"), ("Content-Length", str(len(text)))]
+        assert b"".join(body) == text
+        return
+    (packed,) = body
+    assert dict(headers) == {
+        "Content-Type": "application/json",
+        "Content-Length": str(len(packed)),
+        "Content-Encoding": coding,
+        "Vary": "Accept-Encoding",
+    }
+    assert len(packed) < len(text) // 10
+    assert (gzip.decompress(packed) if coding == "gzip" else zlib.decompress(packed)) == text
+
+
+@pytest.mark.parametrize(
+    ("media_type", "size", "whole", "already"),
+    [
+        ("application/x-npy", 4096, True, False),  # binary arrays: left alone
+        ("application/json", 1000, True, False),  # small
+        ("application/json", 4096, False, False),  # a stream
+        ("application/json", 4096, True, True),  # compressed by the model already
+    ],
+)
+def test_answers_that_gain_little_are_sent_as_they_are(media_type: str, size: int, whole: bool, already: bool) -> None:
+    """A binary array, an answer under COMPRESS_FROM bytes, a stream and an answer that has a Content-Encoding of
+    its own are not compressed, whatever the client allows."""
+    headers = [("Content-Type", media_type), *([("Content-Encoding", "br")] if already else [])]
+    given = [b"a" * size] if whole else iter([b"a" * size])
+    assert compressed({"HTTP_ACCEPT_ENCODING": "gzip"}, headers, given) is given
+    assert headers == [("Content-Type", media_type), *([("Content-Encoding", "br")] if already else [])]

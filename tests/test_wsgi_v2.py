@@ -114,6 +114,27 @@ def test_tritonclient_sees_a_live_ready_server_and_its_model(echo: Any) -> None:
     }
 
 
+@pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
+@pytest.mark.parametrize("binary", [True, False])
+def test_tritonclient_requests_and_answers_compressed(echo: Any, algorithm: str, binary: bool) -> None:
+    """tritonclient's request_compression_algorithm (Content-Encoding gzip or deflate, the whole body compressed:
+    the JSON header and the binary tensors behind it) and response_compression_algorithm (an answer of JSON
+    tensors comes back compressed, and tritonclient decodes it): the tensors come back equal."""
+    array = np.arange(4096, dtype=np.float32).reshape(64, 64)
+    result = connect(echo).infer(
+        "echo_model",
+        [tensor("t", array, "FP32", binary)],
+        outputs=[triton.InferRequestedOutput("t", binary_data=binary)],
+        request_compression_algorithm=algorithm,
+        response_compression_algorithm=algorithm,
+    )
+    np.testing.assert_array_equal(result.as_numpy("t"), array)
+    request = {"inputs": [{"name": "t", "shape": [64, 64], "datatype": "FP32", "data": array.ravel().tolist()}]}
+    headers = {"Accept-Encoding": algorithm, "Content-Type": "application/json"}
+    raw = echo.request("POST", "/v2/models/echo_model/infer", orjson.dumps(request), headers)
+    assert raw.headers["Content-Encoding"] == algorithm  # (what tritonclient decoded: a JSON answer, compressed)
+
+
 @pytest.mark.parametrize("datatype", list(ARRAYS))
 @pytest.mark.parametrize(("binary_in", "binary_out"), [(True, True), (False, False), (True, False), (False, True)])
 def test_tritonclient_infers_each_datatype_binary_and_json_both_ways(

@@ -45,6 +45,7 @@ from inference_server.wsgi._replies import (
     Request,
     at_once,
     close,
+    compressed,
     error_for,
 )
 
@@ -259,6 +260,8 @@ class App:
             except Exception as exc:
                 status, headers, body = error_for(exc, request_id, environ, self.settings.debug)
             answered(headers, environ, request_id)
+            if "HTTP_ACCEPT_ENCODING" in environ:
+                body = compressed(environ, headers, body)
             start_response(STATUS_LINES.get(status) or f"{status} Unknown", headers)
         finally:
             _logging.REQUEST.reset(bound)

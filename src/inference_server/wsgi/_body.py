@@ -1,14 +1,15 @@
-"""Reading a request body into one buffer, within the body limit."""
+"""Reading a request body into one buffer, within the body limit, decoded as its ``Content-Encoding`` says."""
 
 from __future__ import annotations
 
 import dataclasses
+import zlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from inference_server.errors import BadRequest, LengthRequired, PayloadTooLarge
+from inference_server.errors import BadRequest, LengthRequired, PayloadTooLarge, UnsupportedMediaType
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import WSGIEnvironment
@@ -18,6 +19,8 @@ _READ_BLOCK = 1 << 20
 _SMALL = 1 << 16
 #: The environ key under which :func:`read_body` leaves the body's length in bytes (for the metrics and logs).
 BODY_BYTES = "inference_server.body_bytes"
+#: The request body codings decoded (``Content-Encoding``), by name: zlib's window bits for each.
+CODINGS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
 #: How the operator raises the body limit, said in every 413.
 _RAISE = "; the server's operator can raise it with SAGEMAKER_MAX_PAYLOAD_IN_MB or the max_payload_in_mb hook"
 
@@ -79,6 +82,69 @@ def declared_length(environ: WSGIEnvironment, limit: int | None) -> int | None:
 
 
 def read_body(environ: WSGIEnvironment, limit: int | None, reading: Reading = PEP_3333) -> bytearray | bytes:
+    """Read the request body into one buffer, refusing bodies over ``limit`` bytes with 413, and decode it as its
+    ``Content-Encoding`` says (:func:`decoded`)."""
+    body = _read_body(environ, limit, reading)
+    return decoded(environ, body, limit) if "HTTP_CONTENT_ENCODING" in environ else body
+
+
+def decoded(environ: WSGIEnvironment, body: bytearray | bytes, limit: int | None) -> bytearray | bytes:
+    """``body`` decoded as its ``Content-Encoding`` says (``gzip``, ``deflate``, ``identity``, in the order they were
+    applied): 415 for another coding, 400 for data that is not what it says, 413 as soon as the decoded bytes pass
+    ``limit`` (a small body that inflates to gigabytes takes no more than ``limit`` bytes of memory)."""
+    header = environ.get("HTTP_CONTENT_ENCODING", "")
+    codings = [coding.strip().lower() for coding in header.split(",") if coding.strip()]
+    for coding in reversed(codings):
+        if coding == "identity":
+            continue
+        bits = CODINGS.get(coding)
+        if bits is None:
+            raise UnsupportedMediaType(
+                f"Content-Encoding {header[:100]!r} is not supported: a body may be sent as it is, or gzip or deflate "
+                "compressed"
+            )
+        body = _inflate(body, bits, limit, coding)
+    return body
+
+
+def _inflate(data: bytearray | bytes, bits: int, limit: int | None, coding: str) -> bytearray:
+    """``data`` decompressed (``bits``: zlib's window bits; a ``deflate`` body without zlib's header is read raw, as
+    some clients send it), at most ``limit`` bytes of it."""
+    try:
+        return _inflated(data, bits, limit, coding)
+    except zlib.error as exc:
+        if bits == zlib.MAX_WBITS:
+            try:
+                return _inflated(data, -zlib.MAX_WBITS, limit, coding)
+            except zlib.error:
+                pass
+        raise BadRequest(f"the body is not {coding} data: {exc}") from None
+
+
+def _inflated(data: bytearray | bytes, bits: int, limit: int | None, coding: str) -> bytearray:
+    inflater = zlib.decompressobj(bits)
+    out = bytearray()
+    pending: bytes | bytearray = data
+    while True:
+        room = 0 if limit is None else limit + 1 - len(out)  # (0: no bound)
+        piece = inflater.decompress(pending, room)
+        out += piece
+        if limit is not None and len(out) > limit:
+            raise PayloadTooLarge(
+                f"the body, {coding} decoded, passes the limit (MaxPayloadInMB) of {limit} bytes (it was {len(data)} "
+                f"bytes compressed){_RAISE}"
+            )
+        pending = inflater.unconsumed_tail
+        if inflater.eof or (not pending and not (room and len(piece) == room)):
+            break
+    if not inflater.eof:
+        raise BadRequest(f"the {coding} body is cut short (its compressed stream does not end)")
+    if inflater.unused_data:
+        raise BadRequest(f"the {coding} body has {len(inflater.unused_data)} bytes after its compressed stream")
+    return out
+
+
+def _read_body(environ: WSGIEnvironment, limit: int | None, reading: Reading) -> bytearray | bytes:
     """Read the request body into one buffer, refusing bodies over ``limit`` bytes with 413.
 
     With a ``Content-Length`` the buffer is allocated once and a body over the limit is refused before any of it is

@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 from inference_server import _logging, _loop, codecs
 from inference_server.errors import BadRequest, HTTPError, LengthRequired, PayloadTooLarge, RequestTimeout
 from inference_server.wsgi._app import HEAD_BYTES, App, Route, answered, request_id_of
-from inference_server.wsgi._body import _RAISE, _USE_CONTENT_LENGTH, BODY_BYTES, declared_length
+from inference_server.wsgi._body import _RAISE, _USE_CONTENT_LENGTH, BODY_BYTES, declared_length, decoded
 from inference_server.wsgi._invoke import StreamFailed
-from inference_server.wsgi._replies import PIECE, Body, Invoking, Piecewise, Request, close, error_for
+from inference_server.wsgi._replies import PIECE, Body, Invoking, Piecewise, Request, close, compressed, error_for
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import WSGIEnvironment
@@ -158,12 +158,14 @@ class Front:
             handler, params = app.resolve(environ, "POST", found)
             assert type(handler) is Invoking
             request = Request(environ, request_id, params)
-            read = functools.partial(read_body, exchange)
+            read = functools.partial(read_decoded, exchange)
             invoke = functools.partial(self.lifecycle.invoke, request, read=read)
             status, headers, body = await handler.function(request, invoke)
         except Exception as exc:
             status, headers, body = error_for(exc, request_id, environ, app.settings.debug)
         answered(headers, environ, request_id)
+        if "HTTP_ACCEPT_ENCODING" in environ:
+            body = compressed(environ, headers, body)
         sent = 0
         try:
             sent = await send_answer(exchange, status, headers, body, request_id)
@@ -231,6 +233,12 @@ class Front:
         except HTTPError as exc:
             return _Refusing(exc)
         return io.BytesIO(body)
+
+
+async def read_decoded(exchange: Exchange, limit: int | None) -> bytearray | bytes:
+    """The body, read (:func:`read_body`) and decoded as its ``Content-Encoding`` says (within ``limit`` too)."""
+    body = await read_body(exchange, limit)
+    return decoded(exchange.environ, body, limit) if "HTTP_CONTENT_ENCODING" in exchange.environ else body
 
 
 async def read_body(exchange: Exchange, limit: int | None) -> bytearray:

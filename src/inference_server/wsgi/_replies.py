@@ -3,9 +3,11 @@ the replies for JSON values and for exceptions."""
 
 from __future__ import annotations
 
+import gzip
 import http
 import logging
 import traceback
+import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
@@ -181,6 +183,72 @@ def close(body: Iterable[codecs.Buffer]) -> None:
     close = getattr(body, "close", None)
     if close is not None:
         close()
+
+
+#: Answers smaller than this are sent as they are, whatever ``Accept-Encoding`` allows: compressing them gains little.
+COMPRESS_FROM = 1024
+#: The media types compressed when the client asks: text (JSON, CSV, JSON Lines, ...). Arrays in binary formats
+#: (``.npy``, ``.npz``, Arrow, a v2 answer with binary tensors) shrink little for what compressing them costs.
+_TEXTUAL = ("text/", "application/json", "application/jsonlines", "application/x-ndjson", "application/problem+json")
+
+
+def compressed(environ: WSGIEnvironment, headers: list[tuple[str, str]], body: Any) -> Any:
+    """``body`` gzip or deflate compressed, with ``headers`` changed to say so (``Content-Encoding``,
+    ``Content-Length``, ``Vary``), when the client's ``Accept-Encoding`` allows it, the answer is text, whole (not a
+    stream) and of at least :data:`COMPRESS_FROM` bytes; else ``body`` as it is."""
+    if isinstance(body, Body):
+        if not body.whole:
+            return body
+        items = body._source  # (this module's own)
+    elif type(body) is list or type(body) is tuple:
+        items = body
+    else:
+        return body
+    coding = _coding(environ.get("HTTP_ACCEPT_ENCODING", ""))
+    if coding is None:
+        return body
+    media_type, length_at = "", None
+    for index, (name, value) in enumerate(headers):
+        lowered = name.lower()
+        if lowered == "content-encoding":
+            return body
+        if lowered == "content-type":
+            media_type = value.partition(";")[0].strip().lower()
+        elif lowered == "content-length":
+            length_at = index
+    if not media_type.startswith(_TEXTUAL):
+        return body
+    data = b"".join(items)
+    if len(data) < COMPRESS_FROM:
+        return body
+    packed = gzip.compress(data, mtime=0) if coding == "gzip" else zlib.compress(data)
+    if length_at is not None:
+        headers[length_at] = ("Content-Length", str(len(packed)))
+    headers += [("Content-Encoding", coding), ("Vary", "Accept-Encoding")]
+    if isinstance(body, Body):  # (its cleanups stay)
+        body._items = body._source = [packed]
+        return body
+    return [packed]
+
+
+def _coding(accepted: str) -> str | None:
+    """The coding to answer in, of those ``Accept-Encoding`` allows (``q`` above 0): gzip, else deflate; None."""
+    allowed: dict[str, float] = {}
+    for item in accepted.lower().split(","):
+        name, _, parameters = item.partition(";")
+        quality = 1.0
+        for parameter in parameters.split(";"):
+            key, _, value = parameter.partition("=")
+            if key.strip() == "q":
+                try:
+                    quality = float(value)
+                except ValueError:
+                    quality = 0.0
+        allowed[name.strip()] = quality
+    for coding in ("gzip", "deflate"):
+        if allowed.get(coding, allowed.get("*", 0.0)) > 0:
+            return coding
+    return None
 
 
 def json_reply(status: int, value: Any, headers: Headers | None = None) -> Reply:
