@@ -42,11 +42,12 @@ def test_gzip_deflate_and_identity_bodies_decode_in_the_order_applied() -> None:
     ("body", "coding", "error", "message"),
     [
         (b"not compressed at all", "gzip", BadRequest, "is not gzip data"),
-        (gzip.compress(b"x" * 1000)[:-12], "gzip", BadRequest, "is cut short"),
+        (gzip.compress(b"x" * 1000, mtime=0)[:-12], "gzip", BadRequest, "is cut short"),
         (zlib.compress(b"x" * 1000) + b"tail", "deflate", BadRequest, "4 bytes after its compressed stream"),
         (b"...", "br", UnsupportedMediaType, "Content-Encoding 'br' is not supported"),
         (b"...", "gzip, compress", UnsupportedMediaType, "'gzip, compress' is not supported"),
     ],
+    ids=["not gzip", "cut short", "trailing bytes", "br", "compress"],  # (gzip's header holds the time: no ids of it)
 )
 def test_bodies_that_are_not_what_they_say_are_refused_saying_why(
     body: bytes, coding: str, error: type[Exception], message: str
