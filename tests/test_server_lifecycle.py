@@ -447,6 +447,21 @@ ONE_SLOW_LOADER = """
 
 
 @pytest.mark.parametrize("backend", ["granian", "gunicorn"])
+def test_a_worker_asked_to_stop_whose_sigterm_was_lost_stops_all_the_same(
+    servers: Any, backend: str, tmp_path: Path
+) -> None:
+    """The serving process's stop mark for a worker with no SIGTERM behind it (as when the signal came while the
+    worker's handlers were being replaced, and was lost): the worker sends itself SIGTERM again within a few
+    seconds and stops (before: it served on until the graceful timeout ran out)."""
+    server = servers.start("--server", backend, "--workers", "1", env={"TMPDIR": str(tmp_path)})
+    (worker,) = server.workers()
+    (run_dir,) = tmp_path.glob("inference-server-*")
+    (run_dir / f"stop-{worker}").touch()
+    wait_until(lambda: worker not in server.workers(), 10, "the worker did not stop")
+    assert "still running 2 s after it was asked to stop: SIGTERM again" in server.output()
+
+
+@pytest.mark.parametrize("backend", ["granian", "gunicorn"])
 def test_sigterm_as_the_workers_start_stops_at_once(servers: Any, backend: str) -> None:
     """SIGTERM as soon as the first worker answers (the model preloaded, the second worker maybe still starting, its
     own handlers not yet installed): every worker stops at once, not after the graceful timeout; exit 0."""

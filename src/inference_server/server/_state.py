@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import random
 import signal
@@ -33,6 +34,8 @@ logger = logging.getLogger("inference_server")
 __all__ = ["RUN_DIR_ENV", "SERVING_PID_ENV", "Supervisor", "Worker"]
 #: Seconds between a worker's checks that the serving process is still its parent.
 PARENT_POLL = 0.5
+#: Seconds after the serving process asked a worker to stop before the worker's SIGTERM is sent again.
+STOP_AGAIN = 2.0
 _COUNT = struct.Struct("<q")
 #: The control file: the drain flag in byte 0, when the drain started (a double) in bytes 8 to 15.
 _SINCE = struct.Struct("<d")
@@ -142,9 +145,21 @@ class Worker:
         return cls(Path(path), recycle, max_requests, jitter)
 
     def _watch_parent(self) -> None:
-        """Exit within a second of the serving process's death, however it died (kill -9 included)."""
+        """Exit within a second of the serving process's death, however it died (kill -9 included); and once the
+        serving process has asked this worker to stop, send the worker's SIGTERM again after :data:`STOP_AGAIN`
+        seconds, once: one that came while the worker's handlers were being replaced (granian's, as it starts
+        serving) can be lost, and the worker would then wait out the graceful timeout (a second one is harmless:
+        each handler only begins the stop it has begun)."""
+        asked: float | None = None
         while os.getppid() == self._parent:
             time.sleep(PARENT_POLL)
+            if asked is None and self._stop.exists():
+                asked = time.monotonic()
+            elif asked is not None and time.monotonic() - asked >= STOP_AGAIN:
+                asked = math.inf
+                logger.info("Worker %d: still running %.0f s after it was asked to stop: SIGTERM again",
+                            os.getpid(), STOP_AGAIN)  # fmt: skip
+                os.kill(os.getpid(), signal.SIGTERM)
         logger.error("Worker %d: the serving process %d is gone; exiting", os.getpid(), self._parent)
         _logging.flush()
         os._exit(1)
