@@ -395,6 +395,7 @@ def test_requests_recorded_by_many_threads_while_flushing_are_each_counted_once(
     while they are being added)."""
     recorder = metrics.Recorder()
     recorder.max_models = 2
+    recorder.invocation_routes.add("/models/{name}/invoke")
     done = threading.Event()
 
     def flushing() -> None:
@@ -406,7 +407,7 @@ def test_requests_recorded_by_many_threads_while_flushing_are_each_counted_once(
             model = f"model-{index % 3}"
             kind = recorder.kind("/models/{name}/invoke", "POST", status, model)
             recorder.ended((kind, 1.0, 1.002, 300.0, 70000.0))
-            recorder.timed((1.0, 1.001, 1.003, 1.006))
+            recorder.timed((0.999, 1.0, 1.001, 1.003, 1.006, model))
 
     flusher = threading.Thread(target=flushing)
     flusher.start()
@@ -424,6 +425,10 @@ def test_requests_recorded_by_many_threads_while_flushing_are_each_counted_once(
     assert total(scraped, "inference_server_request_body_bytes_sum", route=route) == 300.0 * 20000
     assert total(scraped, "inference_server_response_body_bytes_bucket", route=route, le="65536.0") == 0
     assert total(scraped, "inference_server_stage_duration_seconds_count", stage="output") == 20000
+    assert total(scraped, "inference_server_stage_duration_seconds_sum", stage="wait") == pytest.approx(0.001 * 20000)
+    assert total(scraped, "inference_server_inferences_total", outcome="success") == 10000
+    assert total(scraped, "inference_server_inferences_total", outcome="fail") == 10000
+    assert total(scraped, "inference_server_inference_seconds_total", outcome="fail") == pytest.approx(0.002 * 10000)
     models = {dict(labels)["model"] for name, labels in scraped if name == "inference_server_model_requests_total"}
     assert len(models - {"other"}) == 2  # at most max_models names, the rest as other
     assert "other" in models
@@ -623,7 +628,8 @@ def test_a_worker_that_dies_while_the_server_drains_leaves_every_listing(
         return [
             path.name
             for path in (*run_dir.glob(f"models/held/{holder}.json"), *run_dir.glob(f"metrics/*{holder}.*"))
-            if not path.name.startswith(("counter_", "histogram_"))  # (its counts stay)
+            # (its counts stay, and when it last answered: the most recent of every worker's)
+            if not path.name.startswith(("counter_", "histogram_", "gauge_max_"))
         ]
 
     assert f"{holder}.json" in left_by_holder(), left_by_holder()  # what it holds, and what that cost it

@@ -9,6 +9,7 @@ import http.client
 import io
 import os
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -521,3 +522,95 @@ def test_a_signature_that_is_not_one_is_the_hooks_500_saying_what_is_wrong(metad
     ):
         assert response.status_code == 500
         assert says in orjson.loads(response.get_data())["error"]
+
+
+#: A model that sleeps ``{"sleep": [seconds]}`` in predict_fn, or fails on a negative sleep.
+SLEEPER = """
+    import time
+    import inference_server
+
+    @inference_server.plugin_hook
+    def predict_fn(data, model):
+        seconds = float(data["sleep"][0])
+        if seconds < 0:
+            raise ValueError("a negative sleep")
+        time.sleep(seconds)
+        return data
+"""
+
+
+def _sleep(client: triton.InferenceServerClient, model: str, seconds: float) -> None:
+    client.infer(model, [tensor("sleep", np.array([seconds], dtype=np.float64), "FP64", True)])
+
+
+def test_statistics_count_every_protocols_invocations_over_the_workers(servers: Any) -> None:
+    """tritonclient's get_inference_statistics after infers on two workers: successes over v2 and /invocations,
+    a failure apart, each stage's count and time (predict_fn's sleeps within compute_infer), the last inference."""
+    servers.plugin_site.add("sleeper", SLEEPER)
+    server = servers.start("--workers", "2")
+    client = connect(server)
+    before = client.get_inference_statistics("sleeper")["model_stats"][0]
+    assert before["inference_count"] == 0
+    assert before["last_inference"] == 0
+    for _ in range(4):
+        _sleep(client, "sleeper", 0.05)
+    reply = server.request("POST", "/invocations", b'{"sleep": [0.05]}', {"Content-Type": "application/json"})
+    assert reply.status == 200
+    with pytest.raises(triton.InferenceServerException):
+        _sleep(client, "sleeper", -1.0)
+
+    def stats() -> dict[str, Any]:
+        return client.get_inference_statistics("sleeper")["model_stats"][0]  # type: ignore[no-any-return]
+
+    wait_until(
+        lambda: stats()["inference_stats"]["fail"]["count"] == 1 and stats()["inference_count"] == 5,
+        3,
+        "the statistics never counted the six invocations",
+    )
+    found = stats()
+    assert found["name"] == "sleeper"
+    assert found["execution_count"] == 5
+    timings = found["inference_stats"]
+    for part in ("success", "queue", "compute_input", "compute_infer", "compute_output"):
+        assert timings[part]["count"] == 5, part
+    assert 5 * 0.05e9 <= timings["compute_infer"]["ns"] < timings["success"]["ns"]
+    assert timings["fail"]["ns"] > 0
+    assert abs(found["last_inference"] / 1000 - time.time()) < 60
+    assert client.get_inference_statistics()["model_stats"] == [found]  # every model: the one
+    assert "statistics" in client.get_server_metadata()["extensions"]
+    with pytest.raises(triton.InferenceServerException) as missing:
+        client.get_inference_statistics("other")
+    assert missing.value.status() == "404"
+    assert server.request("GET", "/v2/models/sleeper/versions/1/stats").status == 200
+
+
+def test_statistics_on_a_multi_model_server_are_per_loaded_model(servers: Any, tmp_path: Path) -> None:
+    """On a multi-model endpoint each loaded model has its own statistics (none for a model never invoked), and
+    a model not loaded is a 404."""
+    servers.plugin_site.add("sleeper", SLEEPER)
+    for name in ("alpha", "beta"):
+        (tmp_path / "root" / name).mkdir(parents=True)
+    server = servers.start("--multi-model", "--model-root", str(tmp_path / "root"), "--workers", "2")
+    client = connect(server)
+    client.load_model("alpha")
+    client.load_model("beta")
+    for _ in range(3):
+        _sleep(client, "alpha", 0.0)
+
+    def counts() -> dict[str, int]:
+        return {stat["name"]: stat["inference_count"] for stat in client.get_inference_statistics()["model_stats"]}
+
+    wait_until(lambda: counts() == {"alpha": 3, "beta": 0}, 10, "the statistics never counted alpha's invocations")
+    assert client.get_inference_statistics("alpha")["model_stats"][0]["inference_stats"]["compute_infer"]["count"] == 3
+    client.unload_model("beta")
+    with pytest.raises(triton.InferenceServerException) as missing:
+        client.get_inference_statistics("beta")
+    assert missing.value.status() == "404"
+
+
+def test_statistics_are_off_with_the_metrics(servers: Any) -> None:
+    """With --no-metrics the statistics route is absent and the extension is not announced."""
+    servers.plugin_site.add("echo_model", ECHO)
+    server = servers.start("--no-metrics")
+    assert "statistics" not in connect(server).get_server_metadata()["extensions"]
+    assert server.request("GET", "/v2/models/stats").status == 404

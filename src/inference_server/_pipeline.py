@@ -34,6 +34,11 @@ _T = TypeVar("_T")
 #: How the event-loop lifecycle runs a sync hook off the loop: ``on_thread(function, *args)`` runs it on a model
 #: thread (under a model slot) in a copy of the caller's context, sets there what it set, and gives its result.
 OnThread = Callable[..., Awaitable[Any]]
+#: One invocation that passed its three hooks, as the pipeline tells its ``timed``: when the request arrived (its
+#: lifecycle began: the model slot, or the model's load, were waited for from then), when ``input_fn``,
+#: ``predict_fn`` and ``output_fn`` began and when ``output_fn`` ended (``time.monotonic()``), and the model's name
+#: on a multi-model endpoint ("" for the server's one model).
+Timed = tuple[float, float, float, float, float, str]
 
 
 class Output(NamedTuple):
@@ -183,11 +188,11 @@ class Pipeline:
         shared: pluggy.PluginManager,
         *,
         stage: Callable[[str], AbstractContextManager[Any]] | None = None,
-        timed: Callable[[tuple[float, float, float, float]], None] | None = None,
+        timed: Callable[[Timed], None] | None = None,
     ) -> None:
         """``stage(hook)``: what each hook of an invocation runs within (a trace's span), if anything; ``timed``:
-        told each invocation's times (when decoding, predicting and encoding began, and when it ended), if
-        anything. Whoever makes the pipeline gives them (the server: its tracing and metrics)."""
+        told each invocation that passed its three hooks, as a :data:`Timed`, if anything. Whoever makes the pipeline
+        gives them (the server: its tracing and metrics)."""
         script = _script.plugin(settings)
         #: The plugins whose hooks run: ``shared``'s, with the script first if there is one (in a view of its own).
         self.pm = pm = shared if script is None else _plugins.view(shared, script.plugin, script.name)
@@ -280,6 +285,8 @@ class Pipeline:
         predict: Callable[[Any], Any] | None = None,
         streamed: bool = False,
         framing: Framing | None = None,
+        arrived: float | None = None,
+        name: str = "",
     ) -> Output:
         """Run ``input_fn``, ``predict_fn`` (or ``predict``: a batcher's, which may run it with other inputs) and
         ``output_fn`` on one body; a protocol with a framing of its own (``framing``: the Open Inference Protocol's
@@ -289,12 +296,15 @@ class Pipeline:
         ``streamed`` the rest is left in :attr:`Output.stream` for the caller to send as it is made (and close),
         else it is made now too and the output is whole.
 
+        ``arrived`` (``time.monotonic()``) and ``name``: when the request arrived and the model's name on a
+        multi-model endpoint, as :data:`Timed` reports them.
+
         The hooks run in a copy of the caller's context: a context variable one of them sets is seen by the
         others of this invocation only. An HTTP exception raised by a hook keeps its status; anything else a hook
         raises becomes a :class:`HookError` naming the hook (a 500).
         """
         context = contextvars.copy_context()
-        output = context.run(self._invoke, body, content_type, accept, model, predict, framing)
+        output = context.run(self._invoke, body, content_type, accept, model, predict, framing, arrived, name)
         if output.stream is None:
             return output
         stream = output.stream
@@ -321,6 +331,8 @@ class Pipeline:
         framing: Framing | None = None,
         predict: Callable[[Any], Awaitable[Any]] | None = None,
         loop: asyncio.AbstractEventLoop | None = None,
+        arrived: float | None = None,
+        name: str = "",
     ) -> Output:
         """:meth:`invoke` on the event loop, for a pipeline with an ``async def`` hook (:attr:`asynchronous`) or a
         micro-batched one (``predict``: a batcher's, awaited in place of ``predict_fn``): async hooks awaited on the
@@ -329,7 +341,7 @@ class Pipeline:
         of the caller's context, as with :meth:`invoke`. ``loop``: the running loop, when the caller knows it."""
         loop = loop or asyncio.get_running_loop()
         output, context = await loop.create_task(  # (a task: its context is a copy of the caller's)
-            self._ainvoke(body, content_type, accept, model, on_thread, framing, predict)
+            self._ainvoke(body, content_type, accept, model, on_thread, framing, predict, arrived, name)
         )
         if output.stream is None:
             return output
@@ -354,6 +366,8 @@ class Pipeline:
         on_thread: OnThread,
         framing: Framing | None,
         predict: Callable[[Any], Awaitable[Any]] | None,
+        arrived: float | None,
+        name: str,
     ) -> tuple[Output, contextvars.Context]:
         default_plugin.current.set((self._defaults, content_type))
         hooks = _HOOKS if framing is None else framing.stages
@@ -361,14 +375,14 @@ class Pipeline:
         stage = self._stage
         hook, data = hooks[0], None
         try:
-            started = time.perf_counter()
+            started = time.monotonic()
             with stage(hook) if stage is not None else _NO_SPAN:
                 if framing is None:
                     data = await stages["input_fn"].run(on_thread, body, content_type)
                 else:
                     data = await on_thread(framing.decode, body, model)
             hook = "predict_fn"
-            decoded = time.perf_counter()
+            decoded = time.monotonic()
             with stage(hook) if stage is not None else _NO_SPAN:
                 if predict is None:
                     prediction = await stages["predict_fn"].run(on_thread, data, model)
@@ -377,7 +391,7 @@ class Pipeline:
                 if isinstance(prediction, _loop.Items):
                     await prediction.prefetch()  # the first record, which output_fn may look at on the loop
             hook = hooks[2]
-            predicted = time.perf_counter()
+            predicted = time.monotonic()
             with stage(hook) if stage is not None else _NO_SPAN:
                 if framing is None:
                     output = _output(await stages["output_fn"].run(on_thread, prediction, parse_accept(accept)))
@@ -386,7 +400,8 @@ class Pipeline:
             if output.stream is not None and isinstance(prediction, _loop.Items):
                 output.stream.records = prediction
             if self._timed is not None:
-                self._timed((started, decoded, predicted, time.perf_counter()))
+                ended = time.monotonic()
+                self._timed((started if arrived is None else arrived, started, decoded, predicted, ended, name))
             return output, contextvars.copy_context()
         except (HTTPError, HookError, werkzeug.exceptions.HTTPException):
             raise
@@ -403,21 +418,23 @@ class Pipeline:
         model: Any,
         predict: Callable[[Any], Any] | None,
         framing: Framing | None,
+        arrived: float | None,
+        name: str,
     ) -> Output:
         default_plugin.current.set((self._defaults, content_type))
         hooks = _HOOKS if framing is None else framing.stages
         stage = self._stage
         hook, data = hooks[0], None
         try:
-            started = time.perf_counter()
+            started = time.monotonic()
             with stage(hook) if stage is not None else _NO_SPAN:
                 data = self._input_fn(body, content_type) if framing is None else framing.decode(body, model)
             hook = "predict_fn"
-            decoded = time.perf_counter()
+            decoded = time.monotonic()
             with stage(hook) if stage is not None else _NO_SPAN:
                 prediction = self._predict_fn(data, model) if predict is None else predict(data)
             hook = hooks[2]
-            predicted = time.perf_counter()
+            predicted = time.monotonic()
             with stage(hook) if stage is not None else _NO_SPAN:
                 if framing is None:
                     output = _output(self._output_fn(prediction, parse_accept(accept)))
@@ -426,7 +443,8 @@ class Pipeline:
             if output.stream is not None and isinstance(prediction, _loop.Items):
                 output.stream.records = prediction
             if self._timed is not None:
-                self._timed((started, decoded, predicted, time.perf_counter()))
+                ended = time.monotonic()
+                self._timed((started if arrived is None else arrived, started, decoded, predicted, ended, name))
             return output
         except (HTTPError, HookError, werkzeug.exceptions.HTTPException):
             raise

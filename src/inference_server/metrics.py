@@ -35,6 +35,7 @@ from __future__ import annotations
 import atexit
 import bisect
 import collections
+import dataclasses
 import functools
 import itertools
 import logging
@@ -81,7 +82,11 @@ METHODS = frozenset(("GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS")
 OTHER = "other"
 #: The scrape's own route: never counted in flight.
 ROUTE = "/metrics"
-STAGES = ("input", "predict", "output")
+#: An invocation's stages: waiting (from its arrival to ``input_fn``: its body, the model's load, a model slot), then
+#: each hook.
+STAGES = ("wait", "input", "predict", "output")
+#: How an invocation ended, by status: ``success`` (below 400) or ``fail``.
+OUTCOMES = ("success", "fail")
 #: Label sets remembered by their raw values (past it, a new method or model name is bounded on each request).
 MAX_KINDS = 10_000
 #: Why a worker was replaced (``worker_restarts_total``).
@@ -150,17 +155,21 @@ class Recorder:
         # a request's numbers as one tuple of floats (not a container the garbage collector tracks once it has
         # seen it), made into an array by the flush: appending to an array.array parses every number on the way
         requests: collections.deque[tuple[float, ...]] = collections.deque()
-        stages: collections.deque[tuple[float, ...]] = collections.deque()
-        self._rows = requests, stages
+        self._requests = requests
+        self._stages: collections.deque[tuple[float, float, float, float, float, str]] = collections.deque()
+        stages = self._stages
         #: A request matched a route and is in flight from now on (``arrived(None)``).
         self.arrived = arrivals.append
         #: A request ended: ``ended((kind, started, ended, received, sent))``, ``kind`` from :meth:`kind`, the
         #: times from ``time.perf_counter()``, the sizes the bodies' bytes.
         self.ended = requests.append
-        #: One invocation's hooks: ``timed((started, decoded, predicted, encoded))``: ``input_fn`` from ``started``
-        #: to ``decoded``, ``predict_fn`` to ``predicted`` (with micro-batching, its wait for the group
-        #: included), ``output_fn`` to ``encoded``.
+        #: One invocation that passed its hooks, as ``_pipeline.Timed``: ``timed((arrived, started, decoded,
+        #: predicted, encoded, model))``: waiting from ``arrived`` to ``started``, ``input_fn`` to ``decoded``,
+        #: ``predict_fn`` to ``predicted`` (with micro-batching, its wait for the group included), ``output_fn`` to
+        #: ``encoded``.
         self.timed = stages.append
+        #: The route patterns whose requests invoke a model (``inferences_total`` counts them).
+        self.invocation_routes: set[str] = set()
         #: The number of each kind of request (route, method, status, model) seen (see :meth:`kind`), and the labels
         #: of each number.
         self.kinds: dict[tuple[str, str, int, str], int] = {}
@@ -269,15 +278,10 @@ class Recorder:
         families = self.families()
         with self._flush_lock:
             arrivals, batches = (_taken(queue) for queue in self._queues)
-            requests, stages = _taken_rows(self._rows[0], 5), _taken_rows(self._rows[1], 4)
+            requests, stages = _taken_rows(self._requests, 5), _taken(self._stages)
             self._in_flight += len(arrivals)
-            if len(stages):
-                spent = np.diff(stages, axis=1)
-                for column, stage in enumerate(STAGES):
-                    _add(
-                        families.stage_duration.labels(stage),
-                        _histograms(DURATION_BUCKETS, spent[:, column], None, [stage])[stage],
-                    )
+            if stages:
+                self._add_stages(families, stages)
             if batches:
                 sizes, rows, waits = zip(*batches, strict=True)
                 _add(families.batch_size, _Histogram.of(BATCH_BUCKETS, sizes))
@@ -290,6 +294,21 @@ class Recorder:
             hits = len(_taken(self._hits))
         if hits or self._held is not None:  # (a multi-model endpoint's metrics exist from its first flush)
             self.model_families().hits.inc(hits)
+
+    def _add_stages(self, families: _Families, stages: list[tuple[float, float, float, float, float, str]]) -> None:
+        """Count ``stages`` (rows of :attr:`timed`) into ``stage_duration_seconds``, by model and stage."""
+        spent = np.diff(np.array([row[:5] for row in stages]), axis=1)
+        names = [row[5] for row in stages]
+        labelled: dict[str, list[str]] = {}  # model label: the names it stands for
+        for name in set(names):
+            labelled.setdefault(self._model_label(name), []).append(name)
+        for model, named in labelled.items():
+            rows = spent if len(labelled) == 1 else spent[[name in named for name in names]]
+            for column, stage in enumerate(STAGES):
+                _add(
+                    families.stage_duration.labels(model, stage),
+                    _histograms(DURATION_BUCKETS, rows[:, column], None, [stage])[stage],
+                )
 
     def kind(self, route: str, method: str, status: int, model: str) -> int:
         """The number :attr:`ended` takes for a request with these labels (``model``: the name a multi-model endpoint
@@ -360,6 +379,8 @@ class Recorder:
                 ).values()
             ):
                 _add(families.model_duration.labels(*keys[index]), histogram)
+        if self.invocation_routes:
+            self._add_inferences(families, requests, kinds, seconds, present)
         # the totals last: a scrape that sees a request counted sees its histograms too (within one worker)
         in_flight = 0
         for number in present:
@@ -371,6 +392,33 @@ class Recorder:
             if route not in (ROUTE, OTHER):
                 in_flight += count
         return in_flight
+
+    def _add_inferences(
+        self, families: _Families, requests: np.ndarray, kinds: np.ndarray, seconds: np.ndarray, present: list[int]
+    ) -> None:
+        """Count the invocations among ``requests`` into ``inferences_total`` and ``inference_seconds_total`` by
+        model and outcome, and the last success of each model into ``last_inference_timestamp_seconds``."""
+        labels = self._kind_labels
+        groups: dict[tuple[str, str], int] = {}
+        group_of = np.full(len(labels), -1, dtype=np.intp)
+        for number in present:
+            route, _, status, model = labels[number]
+            if route in self.invocation_routes:
+                group_of[number] = groups.setdefault((model, OUTCOMES[status >= 400]), len(groups))
+        if not groups:
+            return
+        by_group = group_of[kinds]
+        invoked = by_group >= 0
+        counts = np.bincount(by_group[invoked], minlength=len(groups)).tolist()
+        totals = np.bincount(by_group[invoked], weights=seconds[invoked], minlength=len(groups)).tolist()
+        ends = requests[invoked, 2]
+        to_wall = time.time() - time.perf_counter()
+        for (model, outcome), index in groups.items():
+            families.inferences.labels(model, outcome).inc(counts[index])
+            families.inference_seconds.labels(model, outcome).inc(totals[index])
+            if outcome == "success":
+                last = float(ends[by_group[invoked] == index].max())
+                families.last_inference.labels(model).set(to_wall + last)
 
     def start_flushing(self) -> None:
         """In a worker of ``serve``: flush every :data:`FLUSH_INTERVAL` seconds, and at exit."""
@@ -436,10 +484,33 @@ class _Families:
         )
         self.stage_duration = histogram(
             "stage_duration_seconds",
-            "Seconds in each hook of an invocation: input (input_fn), predict (predict_fn; with micro-batching, "
-            "the wait for its group included), output (output_fn)",
-            ("stage",),
+            "Seconds in each stage of the invocations that passed their three hooks, by model (a model of a "
+            "multi-model endpoint; empty for the server's one model) and stage: wait (from the request's arrival to "
+            "input_fn: its body, the model's load, a model slot), input (input_fn), predict (predict_fn; with "
+            "micro-batching, the wait for its group included), output (output_fn)",
+            ("model", "stage"),
             DURATION_BUCKETS,
+        )
+        self.inferences = Counter(
+            PREFIX + "inferences_total",
+            "Requests that invoked a model (any protocol), by model (a model of a multi-model endpoint; empty for the "
+            "server's one model) and outcome: success (a status below 400) or fail",
+            ("model", "outcome"),
+            registry=registry,
+        )
+        self.inference_seconds = Counter(
+            PREFIX + "inference_seconds_total",
+            "Seconds of the requests counted by inferences_total (arrival in the app to the end of the answer), by "
+            "model and outcome",
+            ("model", "outcome"),
+            registry=registry,
+        )
+        self.last_inference = Gauge(
+            PREFIX + "last_inference_timestamp_seconds",
+            "When each model last answered an invocation with success (Unix time), by model",
+            ("model",),
+            registry=registry,
+            multiprocess_mode="max",
         )
         self.batch_size = histogram(
             "batch_size", "Requests per predict_fn call of the micro-batcher", (), BATCH_BUCKETS
@@ -472,7 +543,7 @@ class _Families:
         )
         self.worker_restarts = restarts_counter(registry)  # counted by the serving process; zeros here
         for stage in STAGES:
-            self.stage_duration.labels(stage)
+            self.stage_duration.labels("", stage)
 
 
 class _ModelFamilies:
@@ -588,6 +659,59 @@ def scrape() -> bytes:
         MultiProcessCollector(registry, path)  # type: ignore[no-untyped-call]
         return generate_latest(registry) + generate_latest(held)
     return generate_latest(recorder.families().registry) + generate_latest(held) + generate_latest(REGISTRY)
+
+
+#: What :func:`statistics` reads, by sample name: the part of a model's statistics each adds to.
+_STATISTICS = {
+    PREFIX + "inferences_total": "count",
+    PREFIX + "inference_seconds_total": "seconds",
+    PREFIX + "stage_duration_seconds_count": "count",
+    PREFIX + "stage_duration_seconds_sum": "seconds",
+}
+
+
+@dataclasses.dataclass
+class Statistics:
+    """One model's invocations, summed over the workers: for each outcome (:data:`OUTCOMES`) and stage
+    (:data:`STAGES`), how many and their seconds in all; and when it last answered with success (Unix time, 0 if
+    never). The server's one model (``""``) has the micro-batcher's ``predict_fn`` calls too, of every model."""
+
+    parts: dict[str, list[float]] = dataclasses.field(
+        default_factory=lambda: {part: [0.0, 0.0] for part in (*OUTCOMES, *STAGES)}
+    )
+    last_inference: float = 0.0
+    batches: float = 0.0
+
+
+def statistics() -> dict[str, Statistics]:
+    """Every model's :class:`Statistics` from the metrics (this process's flushed first), by the ``model`` label
+    ("" for the server's one model): what Triton's statistics extension reports."""
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.multiprocess import MultiProcessCollector
+
+    recorder.flush()
+    path = shared_directory()
+    registry = recorder.families().registry
+    if path is not None:
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry, path)  # type: ignore[no-untyped-call]
+    found: dict[str, Statistics] = {}
+    for metric in registry.collect():
+        for sample in metric.samples:
+            if sample.name == PREFIX + "batch_size_count":
+                found.setdefault("", Statistics()).batches += sample.value
+            model = sample.labels.get("model")
+            if model is None:
+                continue
+            if sample.name == PREFIX + "last_inference_timestamp_seconds":
+                stats = found.setdefault(model, Statistics())
+                stats.last_inference = max(stats.last_inference, sample.value)
+                continue
+            field = _STATISTICS.get(sample.name)
+            if field is not None:
+                part = sample.labels.get("outcome") or sample.labels["stage"]
+                found.setdefault(model, Statistics()).parts[part][field == "seconds"] += sample.value
+    return found
 
 
 def load_metrics(

@@ -203,6 +203,8 @@ class App:
         GET routes answer HEAD too. A handler that invokes the model is an :class:`Invoking` (on the event loop on a
         front)."""
         self.routes.add(path, handler, method)
+        if type(handler) is Invoking and self.recorder is not None:
+            self.recorder.invocation_routes.add(path)
 
     def read_json(
         self, environ: WSGIEnvironment, limit: int, example: str = "", empty_ok: bool = False

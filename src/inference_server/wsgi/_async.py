@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from inference_server import _deadlines, _loop, codecs
 from inference_server._pipeline import Framing, Output, Stream
 from inference_server.errors import GatewayTimeout, HookError, RequestTimeout, ServiceUnavailable
-from inference_server.wsgi._invoke import RECYCLE_GRACE, Lifecycle, StreamFailed, Target
+from inference_server.wsgi._invoke import MODEL, RECYCLE_GRACE, Lifecycle, StreamFailed, Target
 from inference_server.wsgi._replies import Headers, Piecewise, Request
 
 if TYPE_CHECKING:
@@ -378,6 +378,7 @@ class AsyncLifecycle:
                 model = await asyncio.wrap_future(self._on_helper(target.model))
         content_type = environ.get("CONTENT_TYPE") or (self.lifecycle.no_content_type() if framing is None else "")
         accept = environ.get("HTTP_ACCEPT") or "*/*"
+        name = environ.get(MODEL, "")
         output: Output
         if target.batcher is not None:  # the batcher groups requests waiting here, and runs groups on model threads
             batcher = target.batcher
@@ -391,14 +392,16 @@ class AsyncLifecycle:
                     )
 
                 output = await pipeline.ainvoke(
-                    body, content_type, accept, model, self._on_thread(work), framing, predict, work.loop
+                    body, content_type, accept, model, self._on_thread(work), framing, predict, work.loop, start, name
                 )
         elif pipeline.asynchronous:
             output = await pipeline.ainvoke(
-                body, content_type, accept, model, self._on_thread(work), framing, loop=work.loop
+                body, content_type, accept, model, self._on_thread(work), framing, None, work.loop, start, name
             )
         else:
-            invoke = functools.partial(pipeline.invoke, body, content_type, accept, model, None, True, framing)
+            invoke = functools.partial(
+                pipeline.invoke, body, content_type, accept, model, None, True, framing, start, name
+            )
             pace = self._paces.get(id(model))
             if pace is None:
                 if len(self._paces) >= 10_000:  # (models come and go on a multi-model endpoint)

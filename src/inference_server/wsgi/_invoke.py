@@ -333,15 +333,20 @@ class Lifecycle:
         model = target.model()
         content_type = environ.get("CONTENT_TYPE") or (self.no_content_type() if framing is None else "")
         accept = environ.get("HTTP_ACCEPT") or "*/*"
+        name = environ.get(MODEL, "")
         if target.batcher is not None:
-            output = _batched(pipeline, target.batcher, body, content_type, accept, model, call, framing)
+            output = _batched(pipeline, target.batcher, body, content_type, accept, model, call, framing, start, name)
         elif call is None:
             with self._model_slots:
-                output = pipeline.invoke(body, content_type, accept, model, streamed=True, framing=framing)
+                output = pipeline.invoke(
+                    body, content_type, accept, model, streamed=True, framing=framing, arrived=start, name=name
+                )
         else:
             call.take_slot(self._model_slots)
             try:
-                output = pipeline.invoke(body, content_type, accept, model, streamed=True, framing=framing)
+                output = pipeline.invoke(
+                    body, content_type, accept, model, streamed=True, framing=framing, arrived=start, name=name
+                )
             finally:
                 call.give_back()
         if output.stream is not None:
@@ -405,6 +410,8 @@ def _batched(
     model: Any,
     call: _deadlines.Call | None,
     framing: Framing | None,
+    arrived: float,
+    name: str,
 ) -> Any:
     """The hooks with ``predict_fn`` run by the batcher: ``input_fn`` and ``output_fn`` on this thread."""
     with batcher.coming() as coming:
@@ -412,7 +419,9 @@ def _batched(
         def predict(data: Any) -> Any:
             return batcher.predict(data, model, call, coming=coming)
 
-        return pipeline.invoke(body, content_type, accept, model, predict, streamed=True, framing=framing)
+        return pipeline.invoke(
+            body, content_type, accept, model, predict, streamed=True, framing=framing, arrived=arrived, name=name
+        )
 
 
 class StreamFailed(Exception):

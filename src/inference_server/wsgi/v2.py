@@ -13,6 +13,12 @@ and model metadata, inference; errors as ``{"error": "..."}``) and triton-infere
   lifecycle as ``/invocations`` (deadline, drain, model slot, micro-batching, metrics), and its prediction goes back
   as output tensors. A ``predict_fn`` that raises on that ``dict`` as code does on data of another kind (a model
   written for ``/invocations`` alone) gets a 500 that says what v2 gave it and where the how-to is;
+- ``GET /v2/models[/{name}[/versions/{version}]]/stats`` (Triton's statistics extension, unless ``--no-metrics``):
+  each model's invocations over every protocol, summed over the workers, from the metrics (``inferences_total``,
+  ``inference_seconds_total``, ``stage_duration_seconds``): ``success`` and ``fail`` (by status: below 400 or not)
+  with their whole durations, ``queue`` (the wait from arrival to ``input_fn``: the body, the model's load, a model
+  slot), ``compute_input`` (``input_fn`` or the v2 decoding), ``compute_infer`` (``predict_fn``, with
+  micro-batching its wait for its group too) and ``compute_output``;
 - with several models (``--multi-model``): every loaded model by its name, and ``POST /v2/repository/index``,
   ``POST /v2/repository/models/{name}/load`` (from ``--model-root``) and ``.../unload`` over the same registry as
   SageMaker's ``/models`` API.
@@ -28,7 +34,7 @@ import os
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from inference_server import _plugins
+from inference_server import _plugins, metrics
 from inference_server._multimodel import check_name
 from inference_server._pipeline import Output
 from inference_server._version import __version__
@@ -45,6 +51,7 @@ logger = logging.getLogger("inference_server")
 
 #: What ``GET /v2`` says this server implements beyond the core protocol (the repository with several models).
 EXTENSIONS = ("binary_tensor_data",)
+STATISTICS = "statistics"
 REPOSITORY = "model_repository"
 #: The largest body of a repository request read.
 _MAX_REPOSITORY_BODY = 1 << 16
@@ -71,6 +78,10 @@ def register(app: Service) -> None:
         route(base, handlers.model_metadata)
         route(f"{base}/ready", handlers.model_ready)
         app.route(f"{base}/infer", Invoking(functools.partial(_answered_invoking, app, handlers.infer)), "POST")
+    if app.recorder is not None:
+        route("/v2/models/stats", handlers.statistics)
+        for base in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):
+            route(f"{base}/stats", handlers.statistics)
     if handlers.models is not None:
         route("/v2/repository/index", handlers.index, "POST")
         route("/v2/repository/models/{name}/load", handlers.load, "POST")
@@ -127,7 +138,11 @@ class _Handlers:
 
     # -- health and metadata -------------------------------------------------------------------------------------
     def server_metadata(self, request: Request) -> Reply:
-        extensions = [*EXTENSIONS, *([REPOSITORY] if self.models is not None else [])]
+        extensions = [
+            *EXTENSIONS,
+            *([STATISTICS] if self.app.recorder is not None else []),
+            *([REPOSITORY] if self.models is not None else []),
+        ]
         return json_reply(200, {"name": "inference-server", "version": __version__, "extensions": extensions})
 
     def live(self, request: Request) -> Reply:
@@ -171,6 +186,20 @@ class _Handlers:
             return self.app.target
         request.environ[MODEL] = name
         return self.app.model_target(name)
+
+    def statistics(self, request: Request) -> Reply:
+        name = request.params.get("name")
+        found = metrics.statistics()
+        if self.models is None:
+            if name is not None and name != self.name:
+                raise NotFound(f"no model named {name!r}: this server serves {self.name!r}")
+            batched = self.app.target.batcher is not None
+            return json_reply(200, {"model_stats": [model_statistics(self.name, found.get(""), batched)]})
+        loaded = sorted(self.models.names())
+        if name is not None and name not in loaded:
+            raise NotFound(f"no model named {name!r} is loaded")
+        names = loaded if name is None else [name]
+        return json_reply(200, {"model_stats": [model_statistics(model, found.get(model)) for model in names]})
 
     # -- inference -----------------------------------------------------------------------------------------------
     async def infer(self, request: Request, invoke: Invoke) -> Answer:
@@ -260,6 +289,35 @@ class Framing:
         encoded = v2.respond(self._name, self._request, prediction, declared)
         headers = [] if encoded.header_length is None else [(v2.HEADER_LENGTH, str(encoded.header_length))]
         return Output(encoded.body, encoded.content_type, headers)
+
+
+def model_statistics(name: str, stats: metrics.Statistics | None, batched: bool = False) -> dict[str, Any]:
+    """``stats`` as Triton's statistics extension reports a model's (``$model_stat``): its executions are its
+    successes, or the micro-batcher's ``predict_fn`` calls when it is the server's one model and ``batched``."""
+    stats = stats or metrics.Statistics()
+    parts = stats.parts
+    successes = int(parts["success"][0])
+
+    def duration(part: str) -> dict[str, int]:
+        count, seconds = parts[part]
+        return {"count": int(count), "ns": round(seconds * 1e9)}
+
+    return {
+        "name": name,
+        "last_inference": round(stats.last_inference * 1000),
+        "inference_count": successes,
+        "execution_count": int(stats.batches) if batched else successes,
+        "inference_stats": {
+            "success": duration("success"),
+            "fail": duration("fail"),
+            "queue": duration("wait"),
+            "compute_input": duration("input"),
+            "compute_infer": duration("predict"),
+            "compute_output": duration("output"),
+            "cache_hit": {"count": 0, "ns": 0},
+        },
+        "batch_stats": [],
+    }
 
 
 def _check_inputs(declared: list[dict[str, Any]] | None, request: v2.InferenceRequest) -> None:
