@@ -204,6 +204,15 @@ class Settings:
 
     host: str = _variable("0.0.0.0", None, str, "address to listen on")
     port: int = _variable(8080, "SAGEMAKER_BIND_TO_PORT", _port, "TCP port")
+    #: The Open Inference Protocol over gRPC, on this port in every worker (0: off).
+    grpc_port: int = _variable(
+        0,
+        "INFERENCE_SERVER_GRPC_PORT",
+        _port,
+        "TCP port of the Open Inference Protocol over gRPC (KServe's and Triton's GRPCInferenceService; needs the "
+        "grpc extra); 0: off",
+        default_text="0 (off)",
+    )
     workers: int = _variable(
         os.cpu_count() or 1,
         "SAGEMAKER_MODEL_SERVER_WORKERS",

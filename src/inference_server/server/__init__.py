@@ -57,15 +57,18 @@ def load_model(app: App) -> None:
     _models.warn_missing_dir = False  # the serving process warned once already
     if app.multi_model is not None:
         app.multi_model.start_watching()
-    if app.settings.multi_model:
-        return  # models are loaded through /models
-    started, preloaded = time.perf_counter(), _preload.preloaded()
-    with contextlib.suppress(ModelLoadError):
-        app.model()  # (preloaded: in the store already, the serving process's)
-        if preloaded:
-            logger.info("Worker %d: serving the model loaded before it started (shared)", os.getpid())
-        if app.recorder is not None:
-            app.recorder.model_loaded(None if preloaded else time.perf_counter() - started)
+    if not app.settings.multi_model:  # (else models are loaded through /models)
+        started, preloaded = time.perf_counter(), _preload.preloaded()
+        with contextlib.suppress(ModelLoadError):
+            app.model()  # (preloaded: in the store already, the serving process's)
+            if preloaded:
+                logger.info("Worker %d: serving the model loaded before it started (shared)", os.getpid())
+            if app.recorder is not None:
+                app.recorder.model_loaded(None if preloaded else time.perf_counter() - started)
+    if app.settings.grpc_port:
+        from inference_server.grpc.front import Front
+
+        Front(app, app.settings.grpc_port, app.settings.host).start()
 
 
 def _log_summary(app: App, chosen_hooks: bool = False) -> list[str]:
@@ -182,6 +185,13 @@ def _serve(settings: Settings, started: _preload.Started) -> int:
     problem = _port.in_use(settings)
     if problem is not None:
         return _cannot_start(problem)
+    if settings.grpc_port:
+        from inference_server.grpc import front
+
+        try:
+            front.check()
+        except ImportError as exc:
+            return _cannot_start(str(exc))
     warnings = _log_summary(app, chosen_hooks)
     if settings.strict and warnings:
         return _cannot_start(f"--strict: {len(warnings)} warning(s) at start-up, the first: {warnings[0]}")

@@ -19,6 +19,8 @@ _READ_BLOCK = 1 << 20
 _SMALL = 1 << 16
 #: The environ key under which :func:`read_body` leaves the body's length in bytes (for the metrics and logs).
 BODY_BYTES = "inference_server.body_bytes"
+#: The environ key of a body the front read already, as ``bytes`` (the gRPC front: a message's bytes).
+GIVEN_BODY = "inference_server.given_body"
 #: The request body codings decoded (``Content-Encoding``), by name: zlib's window bits for each.
 CODINGS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
 #: How the operator raises the body limit, said in every 413.
@@ -83,7 +85,16 @@ def declared_length(environ: WSGIEnvironment, limit: int | None) -> int | None:
 
 def read_body(environ: WSGIEnvironment, limit: int | None, reading: Reading = PEP_3333) -> bytearray | bytes:
     """Read the request body into one buffer, refusing bodies over ``limit`` bytes with 413, and decode it as its
-    ``Content-Encoding`` says (:func:`decoded`)."""
+    ``Content-Encoding`` says (:func:`decoded`); a body the front holds already (:data:`GIVEN_BODY`) is taken as it
+    is, not copied."""
+    given = environ.get(GIVEN_BODY)
+    if given is not None:
+        if limit is not None and len(given) > limit:
+            raise PayloadTooLarge(
+                f"the body is {len(given)} bytes; the limit (MaxPayloadInMB) is {limit} bytes{_RAISE}"
+            )
+        environ[BODY_BYTES] = len(given)
+        return given  # type: ignore[no-any-return]
     body = _read_body(environ, limit, reading)
     return decoded(environ, body, limit) if "HTTP_CONTENT_ENCODING" in environ else body
 

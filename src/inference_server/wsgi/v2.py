@@ -52,6 +52,10 @@ logger = logging.getLogger("inference_server")
 #: What ``GET /v2`` says this server implements beyond the core protocol (the repository with several models).
 EXTENSIONS = ("binary_tensor_data",)
 STATISTICS = "statistics"
+#: The route of the gRPC front's ModelInfer (the model's name in the path), answered only for the front: the environ
+#: of its calls has :data:`GRPC` set.
+GRPC_INFER = "/inference.GRPCInferenceService/ModelInfer/{name}"
+GRPC = "inference_server.grpc"
 REPOSITORY = "model_repository"
 #: The largest body of a repository request read.
 _MAX_REPOSITORY_BODY = 1 << 16
@@ -78,6 +82,8 @@ def register(app: Service) -> None:
         route(base, handlers.model_metadata)
         route(f"{base}/ready", handlers.model_ready)
         app.route(f"{base}/infer", Invoking(functools.partial(_answered_invoking, app, handlers.infer)), "POST")
+    if app.settings.grpc_port:  # what the gRPC front's ModelInfer calls, in-process (see inference_server.grpc.front)
+        app.route(GRPC_INFER, Invoking(functools.partial(_answered_invoking, app, handlers.grpc_infer)), "POST")
     if app.recorder is not None:
         route("/v2/models/stats", handlers.statistics)
         for base in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):
@@ -202,9 +208,9 @@ class _Handlers:
         return json_reply(200, {"model_stats": [model_statistics(model, found.get(model)) for model in names]})
 
     # -- inference -----------------------------------------------------------------------------------------------
-    async def infer(self, request: Request, invoke: Invoke) -> Answer:
+    async def infer(self, request: Request, invoke: Invoke, framing_type: type[Framing] | None = None) -> Answer:
         target = self._target(request)
-        framing = Framing(self.app, request.params["name"], request.environ)
+        framing = (framing_type or Framing)(self.app, request.params["name"], request.environ)
         try:
             return await invoke(target, framing)
         except HookError as exc:
@@ -212,6 +218,11 @@ class _Handlers:
             if explained is exc:
                 raise
             raise explained from exc.error
+
+    async def grpc_infer(self, request: Request, invoke: Invoke) -> Answer:
+        if not request.environ.get(GRPC):
+            raise NotFound("ModelInfer is served over gRPC (--grpc-port), not HTTP")
+        return await self.infer(request, invoke, GrpcFraming)
 
     # -- the model repository ------------------------------------------------------------------------------------
     def index(self, request: Request) -> Reply:
@@ -289,6 +300,33 @@ class Framing:
         encoded = v2.respond(self._name, self._request, prediction, declared)
         headers = [] if encoded.header_length is None else [(v2.HEADER_LENGTH, str(encoded.header_length))]
         return Output(encoded.body, encoded.content_type, headers)
+
+
+class GrpcFraming(Framing):
+    """A gRPC ``ModelInferRequest``'s tensors as ``predict_fn``'s input, and its prediction as a ``ModelInferResponse``
+    (:mod:`inference_server.grpc.wire`), checked against the signature as over HTTP."""
+
+    stages = ("decoding the ModelInferRequest", "predict_fn", "encoding the ModelInferResponse")
+
+    def decode(self, body: Any, model: Any) -> dict[str, Any]:
+        from inference_server.grpc import wire
+
+        _, request = wire.decode_request(body, self._app.pipeline.limits)
+        self._signature = _signature(self._app, model)
+        _check_inputs(self._signature.get("inputs"), request)
+        self._request = request
+        return request.inputs
+
+    def encode(self, prediction: Any) -> Output:
+        from inference_server.grpc import wire
+
+        assert self._request is not None
+        declared = {tensor["name"]: tensor["datatype"] for tensor in self._signature.get("outputs", [])}
+        return Output(wire.encode_response(self._name, self._request, prediction, declared), GRPC_CONTENT_TYPE, [])
+
+
+#: What the gRPC front's ModelInfer answers carry (never sent over HTTP).
+GRPC_CONTENT_TYPE = "application/grpc+proto"
 
 
 def model_statistics(name: str, stats: metrics.Statistics | None, batched: bool = False) -> dict[str, Any]:

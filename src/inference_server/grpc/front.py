@@ -1,0 +1,312 @@
+"""The gRPC front: the Open Inference Protocol's ``GRPCInferenceService`` on ``--grpc-port`` in every worker, each
+RPC answered by the app's own route, called in-process on the RPC's thread.
+
+So one lifecycle serves both transports: ``ModelInfer`` is the app's ``/inference.GRPCInferenceService/ModelInfer/
+{name}`` route (:mod:`inference_server.wsgi.v2`), with its drain, ``--timeout``, model slots, micro-batching,
+metrics, access line and request id (the ``x-request-id`` metadata, if sent), its tensors decoded from the
+message's own bytes (:mod:`.wire`); health, metadata, statistics and the repository RPCs are the HTTP routes of the
+same names, their JSON made into the protocol's messages. An error answer becomes the status code of its HTTP
+status (:data:`CODES`) with the same message.
+
+gRPC's own server (``grpcio``) runs the RPCs on a pool of ``--threads`` + 4 threads (the 4 for health checks while
+every model slot is busy), receives messages up to ``MaxPayloadInMB`` (larger ones: ``RESOURCE_EXHAUSTED``, from
+gRPC) and listens with ``SO_REUSEPORT``: every worker binds the same port and the kernel spreads connections.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import io
+import logging
+import sys
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from inference_server.errors import DecodeError
+from inference_server.grpc import wire
+from inference_server.grpc._messages import SERVICE, message
+from inference_server.wsgi._body import GIVEN_BODY
+from inference_server.wsgi.v2 import GRPC
+
+if TYPE_CHECKING:
+    import grpc
+
+    from inference_server.wsgi._app import App
+
+logger = logging.getLogger("inference_server")
+
+#: RPC threads beyond ``--threads``: health and metadata answer while every model slot is busy.
+EXTRA_THREADS = 4
+#: Seconds RPCs in flight get to finish when the front stops (after the worker's drain, which lets none in).
+STOP_GRACE = 5.0
+
+
+def codes() -> dict[int, grpc.StatusCode]:
+    """The status code of each HTTP status an answer may have (else ``UNKNOWN``)."""
+    import grpc
+
+    code = grpc.StatusCode
+    return {
+        400: code.INVALID_ARGUMENT,
+        404: code.NOT_FOUND,
+        405: code.UNIMPLEMENTED,
+        406: code.INVALID_ARGUMENT,
+        408: code.DEADLINE_EXCEEDED,
+        411: code.INVALID_ARGUMENT,
+        413: code.RESOURCE_EXHAUSTED,
+        415: code.INVALID_ARGUMENT,
+        422: code.INVALID_ARGUMENT,
+        429: code.RESOURCE_EXHAUSTED,
+        500: code.INTERNAL,
+        501: code.UNIMPLEMENTED,
+        503: code.UNAVAILABLE,
+        504: code.DEADLINE_EXCEEDED,
+        507: code.RESOURCE_EXHAUSTED,
+    }
+
+
+#: The fronts started in this process.
+RUNNING: list[Front] = []
+
+
+def check() -> None:
+    """ImportError, naming the extra, unless the front can run here (the serving process asks before its workers
+    start)."""
+    try:
+        import grpc  # noqa: F401
+    except ImportError as exc:
+        raise ImportError("--grpc-port needs grpcio and protobuf: pip install 'inference-server[grpc]'") from exc
+    message("ModelInferRequest")
+
+
+class _Failed(Exception):
+    """An answer with an error status: its status and message."""
+
+    def __init__(self, status: int, text: str) -> None:
+        super().__init__(text)
+        self.status = status
+        self.text = text
+
+
+class Front:
+    """The gRPC server of one worker, over ``app``."""
+
+    def __init__(self, app: App, port: int, host: str = "0.0.0.0") -> None:
+        self._app = app
+        self._port = port
+        self._host = host
+        self._server: grpc.Server | None = None
+        self._codes = codes()
+
+    def start(self) -> None:
+        """Listen and serve (on gRPC's threads)."""
+        import grpc
+
+        limit = self._app.pipeline.max_body
+        options = [
+            ("grpc.max_receive_message_length", limit if limit is not None else -1),
+            ("grpc.max_send_message_length", -1),
+            ("grpc.so_reuseport", 1),
+        ]
+        threads = self._app.settings.threads + EXTRA_THREADS
+        pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="grpc")
+        server = grpc.server(pool, options=options, maximum_concurrent_rpcs=None)
+        unary = {
+            "ServerLive": self.server_live,
+            "ServerReady": self.server_ready,
+            "ModelReady": self.model_ready,
+            "ServerMetadata": self.server_metadata,
+            "ModelMetadata": self.model_metadata,
+            "ModelInfer": self.model_infer,
+            "ModelStatistics": self.model_statistics,
+            "RepositoryIndex": self.repository_index,
+            "RepositoryModelLoad": self.repository_load,
+            "RepositoryModelUnload": self.repository_unload,
+        }
+        handlers = {name: grpc.unary_unary_rpc_method_handler(self._unary(call)) for name, call in unary.items()}
+        handlers["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(self.model_stream_infer)
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+        server.add_insecure_port(f"{self._host}:{self._port}")
+        server.start()
+        self._server = server
+        RUNNING.append(self)  # (a gRPC server that is garbage collected stops)
+        logger.info("Worker serving the Open Inference Protocol over gRPC on %s:%d", self._host, self._port)
+
+    def stop(self, grace: float = STOP_GRACE) -> None:
+        """Stop listening; RPCs in flight get ``grace`` seconds."""
+        if self._server is not None:
+            self._server.stop(grace).wait()
+            self._server = None
+
+    # -- calling the app -----------------------------------------------------------------------------------------
+    def _call(
+        self, method: str, path: str, context: Any, body: bytes = b"", extra: dict[str, Any] | None = None
+    ) -> tuple[int, list[Any]]:
+        """The app's answer to ``method path`` with ``body``: its status and body buffers."""
+        environ: dict[str, Any] = {
+            "REQUEST_METHOD": method,
+            "PATH_INFO": path,
+            "QUERY_STRING": "",
+            "SERVER_NAME": self._host,
+            "SERVER_PORT": str(self._port),
+            "SERVER_PROTOCOL": "HTTP/2",
+            "REMOTE_ADDR": _peer(context),
+            "CONTENT_TYPE": "application/json",
+            "CONTENT_LENGTH": str(len(body)),
+            "wsgi.version": (1, 0),
+            "wsgi.url_scheme": "http",
+            "wsgi.input": io.BytesIO(),
+            "wsgi.errors": sys.stderr,
+            "wsgi.multithread": True,
+            "wsgi.multiprocess": True,
+            "wsgi.run_once": False,
+            GIVEN_BODY: body,
+            **(extra or {}),
+        }
+        for key, value in context.invocation_metadata() or ():
+            if key == "x-request-id" and isinstance(value, str):
+                environ["HTTP_X_REQUEST_ID"] = value
+        answered: list[int] = []
+
+        def start_response(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+            answered[:] = [int(status[:3])]
+            return None
+
+        result = self._app(environ, start_response)
+        try:
+            buffers = list(result)
+        finally:
+            close = getattr(result, "close", None)
+            if close is not None:
+                close()
+        return answered[0], buffers
+
+    def _json(self, method: str, path: str, context: Any, fields: dict[str, Any] | None = None) -> Any:
+        """The app's JSON answer, or :class:`_Failed` for an error status."""
+        body = orjson.dumps(fields) if fields is not None else b""
+        status, buffers = self._call(method, path, context, body)
+        data = b"".join(buffers)
+        if status >= 400:
+            raise _Failed(status, _message(data, status))
+        return orjson.loads(data) if data else None
+
+    def _unary(self, call: Any) -> Any:
+        """``call(request bytes, context)`` with its errors as status codes."""
+
+        def rpc(request: bytes, context: Any) -> bytes:
+            try:
+                return call(request, context)  # type: ignore[no-any-return]
+            except _Failed as failed:
+                context.abort(self._codes.get(failed.status, _unknown()), failed.text)
+            except DecodeError as exc:
+                context.abort(self._codes[400], str(exc))
+            raise AssertionError("unreachable")  # (abort raises)
+
+        return rpc
+
+    # -- health and metadata -------------------------------------------------------------------------------------
+    def server_live(self, request: bytes, context: Any) -> bytes:
+        status, _ = self._call("GET", "/v2/health/live", context)
+        return message("ServerLiveResponse")(live=status == 200).SerializeToString()  # type: ignore[no-any-return]
+
+    def server_ready(self, request: bytes, context: Any) -> bytes:
+        status, _ = self._call("GET", "/v2/health/ready", context)
+        return message("ServerReadyResponse")(ready=status == 200).SerializeToString()  # type: ignore[no-any-return]
+
+    def model_ready(self, request: bytes, context: Any) -> bytes:
+        name = _name(message("ModelReadyRequest").FromString(request).name)
+        status, _ = self._call("GET", f"/v2/models/{name}/ready", context)
+        return message("ModelReadyResponse")(ready=status == 200).SerializeToString()  # type: ignore[no-any-return]
+
+    def server_metadata(self, request: bytes, context: Any) -> bytes:
+        fields = self._json("GET", "/v2", context)
+        return message("ServerMetadataResponse")(**fields).SerializeToString()  # type: ignore[no-any-return]
+
+    def model_metadata(self, request: bytes, context: Any) -> bytes:
+        name = _name(message("ModelMetadataRequest").FromString(request).name)
+        fields = self._json("GET", f"/v2/models/{name}", context)
+        return message("ModelMetadataResponse")(**fields).SerializeToString()  # type: ignore[no-any-return]
+
+    def model_statistics(self, request: bytes, context: Any) -> bytes:
+        name = message("ModelStatisticsRequest").FromString(request).name
+        path = f"/v2/models/{_name(name)}/stats" if name else "/v2/models/stats"
+        fields = self._json("GET", path, context)
+        for stats in fields["model_stats"]:
+            stats.pop("batch_stats", None)
+        return message("ModelStatisticsResponse")(**fields).SerializeToString()  # type: ignore[no-any-return]
+
+    # -- the model repository ------------------------------------------------------------------------------------
+    def repository_index(self, request: bytes, context: Any) -> bytes:
+        ready = message("RepositoryIndexRequest").FromString(request).ready
+        models = self._json("POST", "/v2/repository/index", context, {"ready": ready})
+        return message("RepositoryIndexResponse")(models=models).SerializeToString()  # type: ignore[no-any-return]
+
+    def repository_load(self, request: bytes, context: Any) -> bytes:
+        name = _name(message("RepositoryModelLoadRequest").FromString(request).model_name)
+        self._json("POST", f"/v2/repository/models/{name}/load", context, {})
+        return b""  # (RepositoryModelLoadResponse has no fields)
+
+    def repository_unload(self, request: bytes, context: Any) -> bytes:
+        name = _name(message("RepositoryModelUnloadRequest").FromString(request).model_name)
+        self._json("POST", f"/v2/repository/models/{name}/unload", context, {})
+        return b""
+
+    # -- inference -----------------------------------------------------------------------------------------------
+    def model_infer(self, request: bytes, context: Any) -> bytes:
+        return b"".join(self._infer(request, context))
+
+    def _infer(self, request: bytes, context: Any) -> list[Any]:
+        name = _name(wire.model_name(request))
+        status, buffers = self._call("POST", f"/inference.GRPCInferenceService/ModelInfer/{name}", context, request,
+                                     {GRPC: True})  # fmt: skip
+        if status >= 400:
+            raise _Failed(status, _message(b"".join(buffers), status))
+        return buffers
+
+    def model_stream_infer(self, requests: Iterator[bytes], context: Any) -> Iterator[bytes]:
+        """Each request of the stream answered in turn, as a ``ModelStreamInferResponse``: its inference, or its
+        error's message (the stream goes on)."""
+        for request in requests:
+            try:
+                buffers = self._infer(request, context)
+            except (_Failed, DecodeError) as exc:
+                text = exc.text if isinstance(exc, _Failed) else str(exc)
+                yield message("ModelStreamInferResponse")(error_message=text).SerializeToString()
+                continue
+            size = sum(memoryview(buffer).nbytes for buffer in buffers)
+            yield b"".join([wire._field_header(2, size), *buffers])
+
+
+def _name(name: str) -> str:
+    """A model name as one path segment: a 404 for one that cannot be (empty, or with a ``/``)."""
+    if not name or "/" in name:
+        raise _Failed(404, f"no model named {name!r}")
+    return name
+
+
+def _message(data: bytes, status: int) -> str:
+    """The message of an error answer's body (``{"error": ...}`` or the server's ``{"message": ...}``)."""
+    try:
+        fields = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return data.decode("utf-8", "replace") or f"HTTP status {status}"
+    if isinstance(fields, dict):
+        return str(fields.get("error") or fields.get("message") or f"HTTP status {status}")
+    return f"HTTP status {status}"
+
+
+def _peer(context: Any) -> str:
+    """The client's address, from gRPC's ``ipv4:127.0.0.1:5000``."""
+    peer = context.peer() or ""
+    kind, _, rest = peer.partition(":")
+    if kind in ("ipv4", "ipv6"):
+        return rest.rsplit(":", 1)[0].strip("[]")
+    return peer
+
+
+def _unknown() -> grpc.StatusCode:
+    import grpc
+
+    return grpc.StatusCode.UNKNOWN
