@@ -165,5 +165,6 @@ def start_mlserver(
             reason = errors[0] if errors else str(exc).splitlines()[0]  # the first: the cause
             note = f"parallel_workers 0 (in-process: its pool of {parallel_workers} failed to start: {reason})"
             continue
+        server.grpc_port = json.loads((root / "settings.json").read_text())["grpc_port"]  # type: ignore[attr-defined]
         return server, note
     raise AssertionError("unreachable")

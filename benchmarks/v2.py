@@ -1,5 +1,5 @@
-"""The Open Inference Protocol (v2): the seed array echoed as binary tensors, as JSON tensors and as ``.npy``, by ours
-and by MLServer.
+"""The Open Inference Protocol (v2): the seed array echoed as binary tensors, as JSON tensors, as ``.npy`` and over
+gRPC, by ours and by MLServer.
 
 The seed array, ``np.random.default_rng(0).standard_normal((10000, 3, 4))`` float64 (960 KB), goes through an echo
 model, one worker per server:
@@ -7,7 +7,8 @@ model, one worker per server:
 - ours (``--workers 1``, ``--server`` granian by default) on ``/invocations``, ``.npy`` both ways (the client writes
   the body with ``np.save`` and reads the answer with ``np.load``, over ``http.client``); on
   ``/v2/models/bench_echo/infer`` with binary tensors both ways through our own ``V2Client`` (``http.client`` and
-  our codec, like for like with the ``.npy`` client: the target's comparison), and with binary and JSON tensors
+  our codec, like for like with the ``.npy`` client: the target's comparison), over gRPC on ``--grpc-port``
+  through ``tritonclient.grpc`` (raw tensor contents both ways), and with binary and JSON tensors
   both ways through ``tritonclient.http``, what most v2 users run (``InferInput.set_data_from_numpy(binary_data=...)``,
   ``InferRequestedOutput(binary_data=...)``, ``InferenceServerClient.infer``, ``InferResult.as_numpy``). The model
   is a plugin whose ``predict_fn`` returns its input (a dict of arrays on v2, an array from the built-in ``.npy``
@@ -18,7 +19,8 @@ model, one worker per server:
   script tries binary first and, when it is refused, measures JSON tensors and says so. Its inference pool
   (``parallel_workers: 1``, its default) is tried first; when it fails to start (its virtualenv pins uvloop 0.21.0:
   with 0.22 and later its worker process dies in ``asyncio.get_event_loop()``, see ``_peers.py``), MLServer runs
-  with ``parallel_workers: 0`` (inference in the server's own process), and the output says which.
+  with ``parallel_workers: 0`` (inference in the server's own process), and the output says which. Its gRPC server
+  is measured through the same ``tritonclient.grpc`` calls as ours.
 
 One client, sequential requests over one kept-alive connection per contender (a latency measurement: on 2 cores
 concurrent Python clients would measure the client); the timing of each request includes the client's encoding and
@@ -26,7 +28,8 @@ decoding. Contenders alternate, in a rotating order, for several rounds of a few
 checks the echo (equal to the seed, and sent the way its name says); medians of the rounds are printed with their
 min-max, the servers' CPU time per request (user + system, all their processes; counted in 10 ms ticks, so coarse
 for the slow JSON contenders in short rounds), and the issue's targets: binary v2 (``V2Client``) within 1.2x of
-``.npy`` per request, and ours (binary v2) >= 1.0x MLServer's throughput.
+``.npy`` per request, ours (binary v2) >= 1.0x MLServer's throughput, ours over gRPC within 1.2x of ours over HTTP
+binary (tritonclient both) per request, and ours over gRPC >= 1.0x MLServer's gRPC.
 Run: ``.venv/bin/python benchmarks/v2.py`` (about 2 minutes; ``--quick``: 2 rounds of 1 s).
 """
 
@@ -46,6 +49,7 @@ import _harness as h
 import _peers
 import _results
 import numpy as np
+import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
@@ -136,7 +140,27 @@ class TritonClient:
         self.client.close()
 
 
-Client = NpyClient | OurV2Client | TritonClient
+class GrpcClient:
+    """The Open Inference Protocol over gRPC through ``tritonclient.grpc`` (one channel): raw tensor contents both
+    ways, as it always sends them."""
+
+    def __init__(self, port: int) -> None:
+        self.client = triton_grpc.InferenceServerClient(f"127.0.0.1:{port}")
+
+    def __call__(self, array: np.ndarray) -> np.ndarray:
+        given = triton_grpc.InferInput("x", list(array.shape), "FP64")
+        given.set_data_from_numpy(array)
+        result = self.client.infer(MODEL, [given], outputs=[triton_grpc.InferRequestedOutput("x")])
+        return result.as_numpy("x")  # type: ignore[no-any-return]
+
+    def transport(self) -> str:
+        return "gRPC"
+
+    def close(self) -> None:
+        self.client.close()
+
+
+Client = NpyClient | OurV2Client | TritonClient | GrpcClient
 
 
 def check(name: str, client: Client, expected: str) -> None:
@@ -190,7 +214,8 @@ def main() -> None:
     with contextlib.ExitStack() as stack:
         port = h.free_port()
         command = [h.PYTHON, "-m", "inference_server", "serve", "--host", "127.0.0.1", "--port", str(port)]
-        command += ["--workers", "1", "--server", args.server]
+        grpc_port = h.free_port()
+        command += ["--workers", "1", "--server", args.server, "--grpc-port", str(grpc_port)]
         ours = stack.enter_context(h.running("ours", command, port, env, f"/v2/models/{MODEL}/ready"))
         h.ready(ours, f"/v2/models/{MODEL}/ready")
         models = {MODEL: {"name": MODEL, "implementation": "echo_model.Echo"}}
@@ -220,7 +245,9 @@ def main() -> None:
             "ours v2 binary V2Client": (ours, OurV2Client(ours.port), "binary"),
             "ours v2 binary": (ours, TritonClient(ours.port, binary=True), "binary"),
             "ours v2 JSON": (ours, TritonClient(ours.port, binary=False), "JSON"),
+            "ours gRPC": (ours, GrpcClient(grpc_port), "gRPC"),
             mlserver_name: (mlserver, mlserver_client, mlserver_name.rsplit(" ", 1)[1]),
+            "MLServer gRPC": (mlserver, GrpcClient(mlserver.grpc_port), "gRPC"),  # type: ignore[attr-defined]
         }
         for name, (_, client, expected) in contenders.items():
             stack.callback(client.close)
@@ -265,6 +292,10 @@ def main() -> None:
           f"{ratio('ours v2 binary', 'ours /invocations npy', 'time')}")  # fmt: skip
     print(f"  ours v2 binary / {mlserver_name}, requests/s: {ratio('ours v2 binary', mlserver_name, 'throughput')}"
           " (target >= 1.0x)")  # fmt: skip
+    print(f"  ours gRPC / ours v2 binary (tritonclient), time per request: "
+          f"{ratio('ours gRPC', 'ours v2 binary', 'time')} (target <= 1.2x)")  # fmt: skip
+    print(f"  ours gRPC / MLServer gRPC, requests/s: {ratio('ours gRPC', 'MLServer gRPC', 'throughput')}"
+          " (target >= 1.0x)")  # fmt: skip
     if mlserver_name.endswith("JSON"):
         print(f"  like for like, ours v2 JSON / {mlserver_name}, requests/s: "
               f"{ratio('ours v2 JSON', mlserver_name, 'throughput')}")  # fmt: skip
@@ -276,6 +307,15 @@ def main() -> None:
     run.group("server CPU per request", "ms", "lower", cpu, ours, chart=False)
     run.compare("time per request", "ours v2 binary V2Client", "ours /invocations npy", target="<= 1.2x")
     run.compare("time per request", "ours v2 binary", "ours /invocations npy")
+    run.compare("time per request", "ours gRPC", "ours v2 binary", target="<= 1.2x")
+    run.compare(
+        "time per request",
+        "ours gRPC",
+        "MLServer gRPC",
+        medians["MLServer gRPC"] / medians["ours gRPC"],
+        "requests/s",
+        ">= 1.0x",
+    )
     for name in ("ours v2 binary", "ours v2 JSON"):
         mine, theirs = medians[name], medians[mlserver_name]
         target = ">= 1.0x" if name == "ours v2 binary" else None

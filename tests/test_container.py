@@ -27,6 +27,7 @@ import orjson
 import pytest
 import sseclient
 import token_stream
+import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton
 from packaging.specifiers import SpecifierSet
 
@@ -118,7 +119,7 @@ def build(base: str, plugin: str, tag: str, *args: str) -> str:
 @pytest.fixture(scope="module")
 def image(base: str) -> str:
     """The shipping forecast's image."""
-    return build(base, "examples/shipping_forecast", IMAGE)
+    return build(base, "examples/shipping_forecast", IMAGE, "--build-arg", "EXTRAS=[grpc]")
 
 
 @pytest.fixture(scope="module")
@@ -397,10 +398,13 @@ def test_the_streaming_image_sends_tokens_as_they_are_made(
 
 
 def test_the_image_serves_v2_as_kserve_runs_a_custom_predictor(image: str, containers: Any) -> None:
-    """As KServe runs a custom predictor (own command, port 8080, model in /mnt/models) it serves tritonclient v2."""
-    environment = {**KSERVE_ENV, **KSERVE_USER_ENV}
+    """As KServe runs a custom predictor (own command, port 8080, model in /mnt/models) it serves tritonclient v2,
+    over HTTP and, on 8081, over gRPC."""
+    environment = {**KSERVE_ENV, **KSERVE_USER_ENV, "INFERENCE_SERVER_GRPC_PORT": "8081"}
     env = [option for name, value in environment.items() for option in ("-e", f"{name}={value}")]
-    container = containers(image, *env, command=(), bind_to_port=None, model_mount=KSERVE_MODEL_DIR)
+    grpc_port = free_port()
+    publish = ["-p", f"127.0.0.1:{grpc_port}:8081"]
+    container = containers(image, *env, *publish, command=(), bind_to_port=None, model_mount=KSERVE_MODEL_DIR)
     container.wait_ready(path="/v2/health/ready")
     status, body = container.request("GET", "/v2/health/ready")
     assert (status, orjson.loads(body)) == (200, {"ready": True})
@@ -425,6 +429,17 @@ def test_the_image_serves_v2_as_kserve_runs_a_custom_predictor(image: str, conta
         assert {output["name"]: result.as_numpy(output["name"]).item().decode() for output in outputs} == FORECAST
     finally:
         client.close()
+    over_grpc = triton_grpc.InferenceServerClient(f"127.0.0.1:{grpc_port}")  # KServe's gRPC port
+    try:
+        assert over_grpc.is_server_ready()
+        assert over_grpc.is_model_ready("forecast")
+        raw_location = triton_grpc.InferInput("location", [2], "FP64")
+        raw_location.set_data_from_numpy(np.array([59.53, -1.63]))  # (raw_input_contents)
+        result = over_grpc.infer("forecast", [raw_location])
+        names = [output.name for output in result.get_response().outputs]
+        assert {name: result.as_numpy(name).item().decode() for name in names} == FORECAST
+    finally:
+        over_grpc.close()
     assert _logged(container, "Loading the model from ", "") == f"Loading the model from {KSERVE_MODEL_DIR}"
     assert "does not exist" not in container.logs()
     assert container.stop() == 0

@@ -15,7 +15,8 @@ How code blocks in ``docs/`` are written (fences start a line and name their lan
   of its opening (before its first example and its second ``##`` section). Every module the page's examples import
   or run is the standard library's, the quick start's (:data:`QUICK_START`), the install line's (:data:`IMPORT_NAMES`
   where names differ) or the page's own; a later ``pip install`` only installs a project of the page's own.
-- ``localhost:8080`` in ``python`` and ``sh`` blocks means the page's server.
+- ``localhost:8080`` in ``python`` and ``sh`` blocks means the page's server; ``localhost:8081`` its gRPC port, when
+  its ``serve`` command has ``--grpc-port 8081`` (given a free port instead).
 - A ``json`` or ``text`` block right after a ``sh`` block (nothing but blank lines between) is what that block
   prints: ``json`` equal as JSON, each number to the precision the page writes it with (``0.98`` matches
   ``0.9812``), ``"..."`` standing for any value; ``text`` equal line for line. Other ``json`` and ``toml`` blocks must
@@ -55,8 +56,10 @@ import pytest
 import yaml
 
 from inference_server._hookspecs import HOOK_NAMES
-from tests.conftest import Server
+from tests.conftest import Server, free_port
 
+#: The gRPC port pages serve on (KServe's).
+GRPC_PORT = 8081
 tomllib = pytest.importorskip("tomllib", reason="reading pyproject.toml needs Python 3.11")
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -190,17 +193,21 @@ class PageRun:
     namespace: dict[str, Any] = field(default_factory=dict)
     server: Server | None = None
     servers: list[Server] = field(default_factory=list)
+    #: The port the page's ``--grpc-port 8081`` was given instead.
+    grpc_port: int | None = None
 
     def where(self, block: Block) -> str:
         return f"docs/{self.page}:{block.line}"
 
     def on_port(self, text: str, block: Block) -> str:
-        if "localhost:8080" not in text and "127.0.0.1:8080" not in text:
-            return text
-        if self.server is None:
-            pytest.fail(f"{self.where(block)} talks to localhost:8080, but the page started no server before it")
-        address = f"127.0.0.1:{self.server.port}"
-        return text.replace("localhost:8080", address).replace("127.0.0.1:8080", address)
+        for port, actual in ((8080, self.server.port if self.server else None), (GRPC_PORT, self.grpc_port)):
+            if f"localhost:{port}" not in text and f"127.0.0.1:{port}" not in text:
+                continue
+            if actual is None:
+                pytest.fail(f"{self.where(block)} talks to localhost:{port}, but the page started no server on it")
+            address = f"127.0.0.1:{actual}"
+            text = text.replace(f"localhost:{port}", address).replace(f"127.0.0.1:{port}", address)
+        return text
 
     # python ------------------------------------------------------------------------------------------------------
 
@@ -280,7 +287,14 @@ class PageRun:
         if self.server is not None:
             self.server.stop()
         env = {"SAGEMAKER_MODEL_SERVER_WORKERS": "1", **self.env, **assignments}
-        self.server = Server(words[2:], env, self.logs / f"server-{len(self.servers)}.log")
+        args = words[2:]
+        self.grpc_port = None
+        if "--grpc-port" in args:  # (the page's 8081, on a free port)
+            at = args.index("--grpc-port") + 1
+            assert args[at] == str(GRPC_PORT), f"{self.where(block)}: a page serves gRPC on {GRPC_PORT}"
+            self.grpc_port = free_port()
+            args[at] = str(self.grpc_port)
+        self.server = Server(args, env, self.logs / f"server-{len(self.servers)}.log")
         self.servers.append(self.server)
         try:
             self.server.wait_ready(60)

@@ -2,21 +2,28 @@
 
 from __future__ import annotations
 
+import contextlib
 import queue
+import signal
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import tritonclient.grpc as triton
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from tests.conftest import free_port, wait_until
+from tests.conftest import ARRIVED, Arrivals, free_port, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 
 #: Echoes each input, and says for each whether it reached predict_fn as a read-only view (``NAME_view``).
-ECHO = """
+ECHO = (
+    ARRIVED
+    + """
     import numpy as np
     import inference_server
 
@@ -26,6 +33,7 @@ ECHO = """
 
     @inference_server.plugin_hook
     def predict_fn(data, model):
+        arrived()
         if "fail" in data:
             raise ValueError("asked to fail")
         if "sleep" in data:
@@ -36,6 +44,7 @@ ECHO = """
             out[name + "_view"] = np.array([not array.flags.owndata and not array.flags.writeable])
         return out
 """
+)
 
 ARRAYS = {
     "FP32": np.arange(12, dtype=np.float32).reshape(3, 4) / 3,
@@ -104,7 +113,7 @@ def test_health_metadata_and_every_datatype_both_ways(servers: Any) -> None:
 
 def test_errors_are_their_status_codes_with_the_https_message(servers: Any) -> None:
     """An unknown model is NOT_FOUND, a raw content of the wrong size INVALID_ARGUMENT, a failing model INTERNAL,
-    each with the message HTTP gives; the server goes on serving."""
+    each with the message HTTP gives, an RPC not served UNIMPLEMENTED; the server goes on serving."""
     _, client = start(servers)
     x = tensor("x", np.ones(3, np.float32), "FP32")
     with pytest.raises(triton.InferenceServerException) as missing:
@@ -121,6 +130,9 @@ def test_errors_are_their_status_codes_with_the_https_message(servers: Any) -> N
         client.infer("echo_model", [tensor("fail", np.ones(1, np.int32), "INT32")])
     assert failed.value.status() == "StatusCode.INTERNAL"
     assert "ValueError" in failed.value.message()
+    with pytest.raises(triton.InferenceServerException) as unimplemented:
+        client.get_model_config("echo_model")  # (Triton's model configuration: not served)
+    assert unimplemented.value.status() == "StatusCode.UNIMPLEMENTED"
     assert client.infer("echo_model", [x]).as_numpy("x").tolist() == [1.0, 1.0, 1.0]
 
 
@@ -133,12 +145,29 @@ def test_a_message_over_the_body_limit_is_resource_exhausted(servers: Any) -> No
     assert client.is_server_live()
 
 
-def test_a_deadline_shorter_than_the_model_is_deadline_exceeded(servers: Any) -> None:
-    """The client's gRPC deadline passing while the model works gives DEADLINE_EXCEEDED."""
-    _, client = start(servers)
+def test_a_deadline_shorter_than_the_model_is_deadline_exceeded(servers: Any, arrivals: Arrivals) -> None:
+    """The client's gRPC deadline passing while the model works gives DEADLINE_EXCEEDED; one that passes while the
+    request waits for the model is never run (the server's statistics count one predict_fn call, and the request
+    that expired as a failure), and the worker goes on serving."""
+    _, client = start(servers, "--workers", "1", "--threads", "1", env=arrivals.env)
     with pytest.raises(triton.InferenceServerException) as late:
-        client.infer("echo_model", [tensor("sleep", np.array([2.0]), "FP64")], client_timeout=0.5)
+        client.infer("echo_model", [tensor("sleep", np.array([0.3]), "FP64")], client_timeout=0.1)
     assert late.value.status() == "StatusCode.DEADLINE_EXCEEDED"
+    with ThreadPoolExecutor(1) as pool:
+        slow = pool.submit(client.infer, "echo_model", [tensor("sleep", np.array([1.5]), "FP64")])
+        arrivals.wait(2)  # (the first sleeper's call, then the slow one's: it holds the one model slot)
+        with pytest.raises(triton.InferenceServerException) as expired:
+            client.infer("echo_model", [tensor("x", np.ones(1, np.int32), "INT32")], client_timeout=0.3)
+        assert expired.value.status() == "StatusCode.DEADLINE_EXCEEDED"
+        slow.result(timeout=10)
+
+    def counted() -> dict[str, Any]:
+        return client.get_inference_statistics("echo_model").model_stats[0].inference_stats  # type: ignore[no-any-return]
+
+    wait_until(lambda: counted().fail.count == 2, 10, "the expired requests were never counted as failures")
+    assert counted().compute_infer.count == 2  # the first sleeper's and the slow one's: never the expired one's
+    assert arrivals.count() == 2
+    assert client.infer("echo_model", [tensor("x", np.ones(1, np.int32), "INT32")]).as_numpy("x").tolist() == [1]
 
 
 def test_a_stream_answers_each_request_and_goes_on_after_an_error(servers: Any) -> None:
@@ -186,3 +215,192 @@ def test_statistics_and_the_repository_on_a_multi_model_server(servers: Any, tmp
     started = time.monotonic()
     assert not client.is_model_ready("alpha")
     assert time.monotonic() - started < 5
+
+
+#: A decoupled model: each request's "n" (INT64) is answered with n responses, one per item of a generator; a
+#: negative n breaks the generator after its first item.
+COUNTER = """
+    import numpy as np
+    import inference_server
+
+    @inference_server.plugin_hook
+    def model_fn(model_dir):
+        return "counter"
+
+    @inference_server.plugin_hook
+    def predict_fn(data, model):
+        n = int(data["n"][0])
+        for index in range(max(n, 1)):
+            yield {"index": np.array([index], np.int64)}
+        if n < 0:
+            raise RuntimeError("broken stream")
+"""
+
+
+def test_a_streamed_model_answers_modelstreaminfer_once_per_item(servers: Any) -> None:
+    """A generator predict_fn (Triton's decoupled model): each request of a ModelStreamInfer stream gets one
+    response per item, in order, through tritonclient's stream; a generator that breaks ends its request with an
+    error message and the stream goes on; ModelInfer says to call ModelStreamInfer."""
+    servers.plugin_site.add("counter", COUNTER)
+    port = free_port()
+    servers.start("--grpc-port", str(port))
+    client = triton.InferenceServerClient(f"127.0.0.1:{port}")
+    wait_until(lambda: _live(client), 10, "the gRPC port never answered")
+    answers: queue.Queue[Any] = queue.Queue()
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        client.async_stream_infer("counter", [tensor("n", np.array([3], np.int64), "INT64")], request_id="a")
+        client.async_stream_infer("counter", [tensor("n", np.array([2], np.int64), "INT64")], request_id="b")
+        client.async_stream_infer("counter", [tensor("n", np.array([-1], np.int64), "INT64")], request_id="c")
+        client.async_stream_infer("counter", [tensor("n", np.array([1], np.int64), "INT64")], request_id="d")
+        got = [answers.get(timeout=10) for _ in range(8)]
+    finally:
+        client.stop_stream()
+    broken = got.pop(6)  # (c's first item came before its error)
+    assert broken[0] is None
+    assert "the model's stream failed: the response stream raised RuntimeError" in broken[1].message()
+    assert [error for _, error in got] == [None] * 7
+    responses = [(result.get_response().id, result.as_numpy("index").tolist()) for result, _ in got]
+    assert responses == [("a", [0]), ("a", [1]), ("a", [2]), ("b", [0]), ("b", [1]), ("c", [0]), ("d", [0])]
+    with pytest.raises(triton.InferenceServerException) as unary:
+        client.infer("counter", [tensor("n", np.array([1], np.int64), "INT64")])
+    assert unary.value.status() == "StatusCode.INVALID_ARGUMENT"
+    assert "ModelStreamInfer" in unary.value.message()
+
+
+def test_the_asyncio_client_streams_too(servers: Any) -> None:
+    """tritonclient.grpc.aio's stream_infer reads a streamed model's responses as they come."""
+    import asyncio
+
+    import tritonclient.grpc.aio as aio
+
+    servers.plugin_site.add("counter", COUNTER)
+    port = free_port()
+    servers.start("--grpc-port", str(port))
+    wait_until(lambda: _live(triton.InferenceServerClient(f"127.0.0.1:{port}")), 10, "the gRPC port never answered")
+
+    async def run() -> list[int]:
+        async with aio.InferenceServerClient(f"127.0.0.1:{port}") as client:
+
+            async def requests() -> Any:
+                yield {"model_name": "counter", "inputs": [tensor("n", np.array([4], np.int64), "INT64")]}
+
+            indices = []
+            async for result, error in client.stream_infer(requests()):
+                assert error is None
+                indices.append(int(result.as_numpy("index")[0]))
+                if len(indices) == 4:
+                    break
+            return indices
+
+    assert asyncio.run(run()) == [0, 1, 2, 3]
+
+
+#: A decoupled model that yields "a", then waits for the file named by its "gate" input, then yields "b" and "c".
+GATED = """
+    import os
+    import time
+
+    import numpy as np
+    import inference_server
+
+    @inference_server.plugin_hook
+    def model_fn(model_dir):
+        return "gated"
+
+    @inference_server.plugin_hook
+    def predict_fn(data, model):
+        gate = data["gate"][0].decode()
+        yield {"item": np.array([b"a"], dtype=object)}
+        while not os.path.exists(gate):
+            time.sleep(0.02)
+        yield {"item": np.array([b"b"], dtype=object)}
+        yield {"item": np.array([b"c"], dtype=object)}
+"""
+
+
+@pytest.mark.parametrize("backend", ["granian", "gunicorn"])
+def test_sigterm_lets_an_open_stream_finish(backend: str, servers: Any, tmp_path: Path) -> None:
+    """A ModelStreamInfer stream open when SIGTERM comes goes on to its last response; a new RPC meanwhile is
+    UNAVAILABLE; then the server exits."""
+    servers.plugin_site.add("gated", GATED)
+    port = free_port()
+    server = servers.start("--grpc-port", str(port), "--server", backend, "--workers", "1")
+    client = triton.InferenceServerClient(f"127.0.0.1:{port}")
+    wait_until(lambda: _live(client), 10, "the gRPC port never answered")
+    gate = tmp_path / "gate"
+    answers: queue.Queue[Any] = queue.Queue()
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        client.async_stream_infer("gated", [tensor("gate", np.array([str(gate).encode()], dtype=object), "BYTES")])
+        first, error = answers.get(timeout=10)
+        assert error is None
+        assert first.as_numpy("item").tolist() == [b"a"]
+        server.process.send_signal(signal.SIGTERM)
+        wait_until(lambda: not client.is_server_ready(), 10, "the server still ready after SIGTERM")
+        with pytest.raises(triton.InferenceServerException) as refused:
+            client.infer("gated", [tensor("gate", np.array([b"x"], dtype=object), "BYTES")])
+        assert refused.value.status() == "StatusCode.UNAVAILABLE"
+        gate.write_text("go")
+        rest = [answers.get(timeout=10) for _ in range(2)]
+    finally:
+        client.stop_stream()
+    assert [result.as_numpy("item").tolist() for result, _ in rest] == [[b"b"], [b"c"]]
+    assert server.process.wait(20) == 0
+
+
+def _valid_request() -> bytes:
+    """A ModelInferRequest of two inputs, one raw and one in typed contents, as tritonclient's messages make it."""
+    from inference_server.grpc._messages import message
+
+    request = message("ModelInferRequest")(model_name="m", id="1")
+    request.inputs.add(name="x", datatype="FP32", shape=[2, 2])
+    request.inputs.add(name="s", datatype="BYTES", shape=[1])
+    request.raw_input_contents.append(np.arange(4, dtype=np.float32).tobytes())
+    request.raw_input_contents.append(b"\x02\x00\x00\x00hi")
+    return request.SerializeToString()  # type: ignore[no-any-return]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.binary(max_size=200) | st.builds(lambda cut, flip: (cut, flip), st.integers(0, 80), st.integers(0, 255)))
+def test_hostile_messages_are_decode_errors(case: Any) -> None:
+    """Random bytes, and a valid message cut short or with a byte changed, decode or raise DecodeError (a 400),
+    never anything else."""
+    from inference_server.errors import DecodeError
+    from inference_server.grpc import wire
+
+    if isinstance(case, tuple):
+        body = bytearray(_valid_request())
+        cut, flip = case
+        body[cut % len(body)] ^= flip
+        body = body[: len(body) - cut % 7]
+    else:
+        body = case
+    with contextlib.suppress(DecodeError):
+        wire.decode_request(bytes(body))
+
+
+def test_raw_contents_are_views_on_the_message_and_typed_contents_are_checked() -> None:
+    """In-process: raw contents decode as views sharing the message's memory; typed contents of the wrong count,
+    a missing raw content and a negative dimension are DecodeErrors naming the input."""
+    from inference_server.errors import DecodeError
+    from inference_server.grpc import wire
+    from inference_server.grpc._messages import message
+
+    body = _valid_request()
+    name, request = wire.decode_request(body)
+    assert name == "m"
+    assert np.shares_memory(request.inputs["x"], np.frombuffer(body, np.uint8))
+    assert request.inputs["s"].tolist() == [b"hi"]
+    typed = message("ModelInferRequest")(model_name="m")
+    typed.inputs.add(name="i", datatype="INT32", shape=[3]).contents.int_contents.extend([1, 2])
+    with pytest.raises(DecodeError, match=r"input 'i': has 2 values in contents.int_contents, but shape \[3\] holds 3"):
+        wire.decode_request(typed.SerializeToString())
+    uneven = message("ModelInferRequest").FromString(body)
+    del uneven.raw_input_contents[1]
+    with pytest.raises(DecodeError, match="2 inputs but 1 raw_input_contents"):
+        wire.decode_request(uneven.SerializeToString())
+    negative = message("ModelInferRequest")(model_name="m")
+    negative.inputs.add(name="n", datatype="FP32", shape=[-1]).contents.fp32_contents.append(1.0)
+    with pytest.raises(DecodeError, match="negative dimension"):
+        wire.decode_request(negative.SerializeToString())

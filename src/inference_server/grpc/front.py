@@ -19,6 +19,7 @@ import concurrent.futures
 import io
 import logging
 import sys
+import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -28,7 +29,8 @@ from inference_server.errors import DecodeError
 from inference_server.grpc import wire
 from inference_server.grpc._messages import SERVICE, message
 from inference_server.wsgi._body import GIVEN_BODY
-from inference_server.wsgi.v2 import GRPC
+from inference_server.wsgi._invoke import CLIENT_DEADLINE
+from inference_server.wsgi.v2 import GRPC, GRPC_STREAM_TYPE
 
 if TYPE_CHECKING:
     import grpc
@@ -145,6 +147,17 @@ class Front:
         self, method: str, path: str, context: Any, body: bytes = b"", extra: dict[str, Any] | None = None
     ) -> tuple[int, list[Any]]:
         """The app's answer to ``method path`` with ``body``: its status and body buffers."""
+        status, _, answer = self._open(method, path, context, body, extra)
+        try:
+            return status, list(answer)
+        finally:
+            _close(answer)
+
+    def _open(
+        self, method: str, path: str, context: Any, body: bytes = b"", extra: dict[str, Any] | None = None
+    ) -> tuple[int, str, Any]:
+        """The app's answer to ``method path`` with ``body``: its status, media type and body (an iterable the caller
+        reads, then closes with :func:`_close`: a streamed answer's chunks are made as it is read)."""
         environ: dict[str, Any] = {
             "REQUEST_METHOD": method,
             "PATH_INFO": path,
@@ -165,23 +178,21 @@ class Front:
             GIVEN_BODY: body,
             **(extra or {}),
         }
+        remaining = context.time_remaining()
+        if remaining is not None:
+            environ[CLIENT_DEADLINE] = time.monotonic() + remaining
         for key, value in context.invocation_metadata() or ():
             if key == "x-request-id" and isinstance(value, str):
                 environ["HTTP_X_REQUEST_ID"] = value
-        answered: list[int] = []
+        answered: list[Any] = []
 
         def start_response(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
-            answered[:] = [int(status[:3])]
+            media_type = next((value for name, value in headers if name.lower() == "content-type"), "")
+            answered[:] = [int(status[:3]), media_type]
             return None
 
-        result = self._app(environ, start_response)
-        try:
-            buffers = list(result)
-        finally:
-            close = getattr(result, "close", None)
-            if close is not None:
-                close()
-        return answered[0], buffers
+        answer = self._app(environ, start_response)
+        return answered[0], answered[1], answer
 
     def _json(self, method: str, path: str, context: Any, fields: dict[str, Any] | None = None) -> Any:
         """The app's JSON answer, or :class:`_Failed` for an error status."""
@@ -255,28 +266,59 @@ class Front:
 
     # -- inference -----------------------------------------------------------------------------------------------
     def model_infer(self, request: bytes, context: Any) -> bytes:
-        return b"".join(self._infer(request, context))
+        media_type, answer = self._infer(request, context)
+        try:
+            if media_type == GRPC_STREAM_TYPE:
+                raise _Failed(400, "the model streams its answer (a generator predict_fn): call ModelStreamInfer")
+            return b"".join(answer)
+        finally:
+            _close(answer)
 
-    def _infer(self, request: bytes, context: Any) -> list[Any]:
+    def _infer(self, request: bytes, context: Any) -> tuple[str, Any]:
+        """The app's answer to one ModelInferRequest, its media type and body (:class:`_Failed` for an error
+        status)."""
         name = _name(wire.model_name(request))
-        status, buffers = self._call("POST", f"/inference.GRPCInferenceService/ModelInfer/{name}", context, request,
-                                     {GRPC: True})  # fmt: skip
+        path = f"/inference.GRPCInferenceService/ModelInfer/{name}"
+        status, media_type, answer = self._open("POST", path, context, request, {GRPC: True})
         if status >= 400:
-            raise _Failed(status, _message(b"".join(buffers), status))
-        return buffers
+            try:
+                data = b"".join(answer)
+            finally:
+                _close(answer)
+            raise _Failed(status, _message(data, status))
+        return media_type, answer
 
     def model_stream_infer(self, requests: Iterator[bytes], context: Any) -> Iterator[bytes]:
-        """Each request of the stream answered in turn, as a ``ModelStreamInferResponse``: its inference, or its
-        error's message (the stream goes on)."""
+        """Each request of the stream answered in turn with ``ModelStreamInferResponse``s: its inference (one for
+        each item a streamed ``predict_fn`` yields, as it is made), or its error's message; the stream goes on."""
         for request in requests:
             try:
-                buffers = self._infer(request, context)
+                media_type, answer = self._infer(request, context)
             except (_Failed, DecodeError) as exc:
                 text = exc.text if isinstance(exc, _Failed) else str(exc)
                 yield message("ModelStreamInferResponse")(error_message=text).SerializeToString()
                 continue
-            size = sum(memoryview(buffer).nbytes for buffer in buffers)
-            yield b"".join([wire._field_header(2, size), *buffers])
+            try:
+                if media_type == GRPC_STREAM_TYPE:
+                    for response in wire.unframed(answer):
+                        yield wire._field_header(2, len(response)) + response
+                else:
+                    buffers = list(answer)
+                    size = sum(memoryview(buffer).nbytes for buffer in buffers)
+                    yield b"".join([wire._field_header(2, size), *buffers])
+            except Exception as exc:  # the model's stream broke (the app logged it): said, and the stream goes on
+                yield message("ModelStreamInferResponse")(
+                    error_message=f"the model's stream failed: {exc}"
+                ).SerializeToString()
+            finally:
+                _close(answer)
+
+
+def _close(answer: Any) -> None:
+    """Close an answer of the app (a stream's iterator stops; the request is counted finished)."""
+    close = getattr(answer, "close", None)
+    if close is not None:
+        close()
 
 
 def _name(name: str) -> str:

@@ -15,7 +15,8 @@ Datatypes, limits and messages are those of :mod:`inference_server.codecs.v2` (t
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+import struct
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -230,3 +231,28 @@ def _field_header(field: int, length: int) -> bytes:
         length >>= 7
     out.append(length)
     return bytes(out)
+
+
+_FRAME = struct.Struct("<Q")
+
+
+def framed(buffers: list[Buffer]) -> bytes:
+    """One message of a stream of messages: its length, then its bytes (what :func:`unframed` reads)."""
+    size = sum(memoryview(buffer).nbytes for buffer in buffers)
+    return b"".join([_FRAME.pack(size), *buffers])
+
+
+def unframed(chunks: Iterable[Buffer]) -> Iterator[bytes]:
+    """The messages of a stream :func:`framed` wrote, however its chunks cut it."""
+    pending = bytearray()
+    for chunk in chunks:
+        pending += chunk
+        while len(pending) >= _FRAME.size:
+            (size,) = _FRAME.unpack_from(pending)
+            end = _FRAME.size + size
+            if len(pending) < end:
+                break
+            yield bytes(pending[_FRAME.size : end])
+            del pending[:end]
+    if pending:
+        raise EncodeError(f"a stream of ModelInferResponses ended within a message ({len(pending)} bytes left)")

@@ -33,6 +33,9 @@ logger = logging.getLogger("inference_server")
 
 #: The environ key naming the model a request invokes on a multi-model endpoint (the metrics' ``model`` label).
 MODEL = "inference_server.model"
+#: The environ key of a deadline the client set (``time.monotonic()``; the gRPC front's, from the RPC's deadline):
+#: the request is answered 504 then if ``--timeout`` would come later.
+CLIENT_DEADLINE = "inference_server.client_deadline"
 #: The header SageMaker passes the original ``TargetModel`` in, under both names its documentation has used.
 TARGET_MODEL_HEADERS = ("HTTP_X_AMZN_SAGEMAKER_TARGET_MODEL", "HTTP_X_AMZN_TARGET_MODEL")
 
@@ -231,15 +234,23 @@ class Lifecycle:
         whole overruns ``--timeout`` (answered when the work stops at its next stage), and the worker replaced if the
         work is still running ``RECYCLE_GRACE`` seconds past its deadline (see :mod:`inference_server._deadlines`)."""
         start = time.monotonic()
-        if self._timeout is None:
+        timeout = self._timeout
+        client = request.environ.get(CLIENT_DEADLINE)
+        if client is not None and (timeout is None or client < start + timeout):
+            timeout = max(client - start, 0.0)
+        else:
+            client = None
+        if timeout is None:
             return self._invoke(request, target, None, start, framing)
         body = None
         if self.backend.read_on_server_thread:
             body = read_body(request.environ, target.pipeline.max_body, self.backend.body)
             read_deadline = math.inf
         else:
-            read_deadline = start + min(self._timeout, self.settings.read_timeout)
-        call = _deadlines.Call(read_deadline, start + self._timeout, self._abort_read, self._recycle_stuck, request)
+            read_deadline = start + min(timeout, self.settings.read_timeout)
+        # (a client's deadline ends the wait, never the worker: only --timeout replaces one whose work is stuck)
+        stuck = self._recycle_stuck if client is None else None
+        call = _deadlines.Call(read_deadline, start + timeout, self._abort_read, stuck, request)
         self._watchdog.watch(call)
         try:
             reply = self._invoke(request, target, call, start, framing, body)
@@ -260,8 +271,10 @@ class Lifecycle:
             if reply is not None:
                 close(reply[2])
             if call.overran == _deadlines.READING:
-                limit = min(self._timeout, self.settings.read_timeout)
+                limit = min(timeout, self.settings.read_timeout)
                 raise RequestTimeout(f"the request body did not arrive within {limit} s")
+            if client is not None:
+                raise GatewayTimeout(f"the client's deadline passed (while {call.overran})")
             raise GatewayTimeout(
                 f"the request took longer than the server's timeout of {self._timeout} s (while {call.overran})"
             )

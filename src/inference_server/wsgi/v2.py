@@ -31,12 +31,12 @@ from __future__ import annotations
 import functools
 import logging
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from inference_server import _plugins, metrics
 from inference_server._multimodel import check_name
-from inference_server._pipeline import Output
+from inference_server._pipeline import Output, Stream
 from inference_server._version import __version__
 from inference_server.codecs import v2
 from inference_server.errors import BadRequest, HookError, NotFound, ServiceUnavailable
@@ -322,11 +322,24 @@ class GrpcFraming(Framing):
 
         assert self._request is not None
         declared = {tensor["name"]: tensor["datatype"] for tensor in self._signature.get("outputs", [])}
+        if isinstance(prediction, Iterator) and not isinstance(prediction, Mapping):  # a streamed predict_fn
+            return Output([], GRPC_STREAM_TYPE, [], Stream(self._responses(prediction, declared)))
         return Output(wire.encode_response(self._name, self._request, prediction, declared), GRPC_CONTENT_TYPE, [])
 
+    def _responses(self, items: Iterator[Any], declared: dict[str, str]) -> Iterator[bytes]:
+        """A ``ModelInferResponse`` for each item a streamed ``predict_fn`` yields, framed (Triton's decoupled
+        models answer ``ModelStreamInfer`` so)."""
+        from inference_server.grpc import wire
 
-#: What the gRPC front's ModelInfer answers carry (never sent over HTTP).
+        assert self._request is not None
+        for item in items:
+            yield wire.framed(wire.encode_response(self._name, self._request, item, declared))
+
+
+#: What the gRPC front's ModelInfer answers carry (never sent over HTTP): one ``ModelInferResponse``, or several,
+#: framed (``wire.framed``), for a streamed ``predict_fn``.
 GRPC_CONTENT_TYPE = "application/grpc+proto"
+GRPC_STREAM_TYPE = "application/grpc+proto; stream"
 
 
 def model_statistics(name: str, stats: metrics.Statistics | None, batched: bool = False) -> dict[str, Any]:
