@@ -62,6 +62,7 @@ def start(servers: Any, *args: str, env: dict[str, str] | None = None) -> tuple[
     servers.plugin_site.add("echo_model", ECHO)
     port = free_port()
     server = servers.start("--grpc-port", str(port), *args, env=env)
+    server.grpc_port = port
     client = triton.InferenceServerClient(f"127.0.0.1:{port}")
     wait_until(lambda: _live(client), 10, "the gRPC port never answered")
     return server, client
@@ -93,10 +94,13 @@ def test_the_committed_descriptor_is_the_proto_compiled() -> None:
 
 
 def test_health_metadata_and_every_datatype_both_ways(servers: Any) -> None:
-    """Live, ready, model readiness and metadata; each datatype's raw contents reach predict_fn as read-only views
-    on the message and come back equal in raw_output_contents."""
-    _, client = start(servers, "--workers", "2")
+    """Live, ready, model readiness and metadata, on --host alone; each datatype's raw contents reach predict_fn as
+    read-only views on the message and come back equal in raw_output_contents."""
+    server, client = start(servers, "--workers", "2")
     assert client.is_server_ready()
+    elsewhere = triton.InferenceServerClient(f"127.0.0.2:{server.grpc_port}")  # (another loopback address)
+    with pytest.raises(triton.InferenceServerException):  # the workers listen on --host (127.0.0.1) alone
+        elsewhere.is_server_live(client_timeout=2)
     assert client.is_model_ready("echo_model")
     assert not client.is_model_ready("other")
     assert "statistics" in client.get_server_metadata().extensions
@@ -114,7 +118,7 @@ def test_health_metadata_and_every_datatype_both_ways(servers: Any) -> None:
 def test_errors_are_their_status_codes_with_the_https_message(servers: Any) -> None:
     """An unknown model is NOT_FOUND, a raw content of the wrong size INVALID_ARGUMENT, a failing model INTERNAL,
     each with the message HTTP gives, an RPC not served UNIMPLEMENTED; the server goes on serving."""
-    _, client = start(servers)
+    server, client = start(servers)
     x = tensor("x", np.ones(3, np.float32), "FP32")
     with pytest.raises(triton.InferenceServerException) as missing:
         client.infer("other", [x])
@@ -130,6 +134,17 @@ def test_errors_are_their_status_codes_with_the_https_message(servers: Any) -> N
         client.infer("echo_model", [tensor("fail", np.ones(1, np.int32), "INT32")])
     assert failed.value.status() == "StatusCode.INTERNAL"
     assert "ValueError" in failed.value.message()
+    import grpc
+
+    with grpc.insecure_channel(
+        f"127.0.0.1:{server.grpc_port}"
+    ) as channel:  # a request message that is not one: never a 500
+        for method in ("ModelReady", "ModelMetadata", "ModelStatistics", "ModelInfer"):
+            call = channel.unary_unary(f"/inference.GRPCInferenceService/{method}")
+            with pytest.raises(grpc.RpcError) as garbage:
+                call(b"\xff\xff\xff")
+            assert garbage.value.code() == grpc.StatusCode.INVALID_ARGUMENT, method
+            assert "protobuf message" in (garbage.value.details() or ""), method
     with pytest.raises(triton.InferenceServerException) as unimplemented:
         client.get_model_config("echo_model")  # (Triton's model configuration: not served)
     assert unimplemented.value.status() == "StatusCode.UNIMPLEMENTED"
@@ -145,26 +160,29 @@ def test_a_message_over_the_body_limit_is_resource_exhausted(servers: Any) -> No
     assert client.is_server_live()
 
 
-def test_a_deadline_shorter_than_the_model_is_deadline_exceeded(servers: Any, arrivals: Arrivals) -> None:
-    """The client's gRPC deadline passing while the model works gives DEADLINE_EXCEEDED; one that passes while the
-    request waits for the model is never run (the server's statistics count one predict_fn call, and the request
-    that expired as a failure), and the worker goes on serving."""
-    _, client = start(servers, "--workers", "1", "--threads", "1", env=arrivals.env)
+@pytest.mark.parametrize("backend", ["granian", "gunicorn"])
+def test_a_deadline_shorter_than_the_model_is_deadline_exceeded(servers: Any, arrivals: Arrivals, backend: str) -> None:
+    """The client's gRPC deadline passing while the model works gives DEADLINE_EXCEEDED (the work finishes: only
+    --timeout ends running work); requests whose deadline passes while they wait for the one model slot are never
+    run (the statistics count them as failures, and two predict_fn calls in all), and the worker goes on serving."""
+    _, client = start(servers, "--workers", "1", "--threads", "1", "--server", backend, env=arrivals.env)
     with pytest.raises(triton.InferenceServerException) as late:
         client.infer("echo_model", [tensor("sleep", np.array([0.3]), "FP64")], client_timeout=0.1)
     assert late.value.status() == "StatusCode.DEADLINE_EXCEEDED"
     with ThreadPoolExecutor(1) as pool:
         slow = pool.submit(client.infer, "echo_model", [tensor("sleep", np.array([1.5]), "FP64")])
         arrivals.wait(2)  # (the first sleeper's call, then the slow one's: it holds the one model slot)
-        with pytest.raises(triton.InferenceServerException) as expired:
-            client.infer("echo_model", [tensor("x", np.ones(1, np.int32), "INT32")], client_timeout=0.3)
-        assert expired.value.status() == "StatusCode.DEADLINE_EXCEEDED"
+        for _ in range(3):  # (each waits for the one model slot, and never gets it before its deadline)
+            with pytest.raises(triton.InferenceServerException) as expired:
+                client.infer("echo_model", [tensor("x", np.ones(1, np.int32), "INT32")], client_timeout=0.3)
+            assert expired.value.status() == "StatusCode.DEADLINE_EXCEEDED"
         slow.result(timeout=10)
 
     def counted() -> dict[str, Any]:
         return client.get_inference_statistics("echo_model").model_stats[0].inference_stats  # type: ignore[no-any-return]
 
-    wait_until(lambda: counted().fail.count == 2, 10, "the expired requests were never counted as failures")
+    # (the first sleeper ran past its client's deadline: once the model runs only --timeout bounds it, a success)
+    wait_until(lambda: counted().fail.count == 3, 10, "the expired requests were never counted as failures")
     assert counted().compute_infer.count == 2  # the first sleeper's and the slow one's: never the expired one's
     assert arrivals.count() == 2
     assert client.infer("echo_model", [tensor("x", np.ones(1, np.int32), "INT32")]).as_numpy("x").tolist() == [1]
@@ -212,6 +230,10 @@ def test_statistics_and_the_repository_on_a_multi_model_server(servers: Any, tmp
     with pytest.raises(triton.InferenceServerException) as missing:
         client.load_model("gamma")
     assert missing.value.status() == "StatusCode.NOT_FOUND"
+    client.load_model("beta")
+    with pytest.raises(triton.InferenceServerException) as twice:
+        client.load_model("beta")
+    assert twice.value.status() == "StatusCode.ALREADY_EXISTS"
     started = time.monotonic()
     assert not client.is_model_ready("alpha")
     assert time.monotonic() - started < 5
@@ -382,7 +404,8 @@ def test_hostile_messages_are_decode_errors(case: Any) -> None:
 
 def test_raw_contents_are_views_on_the_message_and_typed_contents_are_checked() -> None:
     """In-process: raw contents decode as views sharing the message's memory; typed contents of the wrong count,
-    a missing raw content and a negative dimension are DecodeErrors naming the input."""
+    a missing raw content, contents given both ways, millions of tiny fields and a negative dimension are
+    DecodeErrors saying so."""
     from inference_server.errors import DecodeError
     from inference_server.grpc import wire
     from inference_server.grpc._messages import message
@@ -400,6 +423,14 @@ def test_raw_contents_are_views_on_the_message_and_typed_contents_are_checked() 
     del uneven.raw_input_contents[1]
     with pytest.raises(DecodeError, match="2 inputs but 1 raw_input_contents"):
         wire.decode_request(uneven.SerializeToString())
+    both = message("ModelInferRequest").FromString(body)
+    both.inputs[0].contents.fp32_contents.extend([0.0] * 4)
+    with pytest.raises(DecodeError, match="has contents, but the request has raw_input_contents"):
+        wire.decode_request(both.SerializeToString())
+    started = time.monotonic()
+    with pytest.raises(DecodeError, match="the ModelInferRequest has over 16448 fields"):
+        wire.decode_request(b"\x08\x00" * 3_000_000)  # (6 MB of tiny fields: refused at once, not walked)
+    assert time.monotonic() - started < 1
     negative = message("ModelInferRequest")(model_name="m")
     negative.inputs.add(name="n", datatype="FP32", shape=[-1]).contents.fp32_contents.append(1.0)
     with pytest.raises(DecodeError, match="negative dimension"):

@@ -56,3 +56,17 @@ def test_port_held_by_another_program_is_named(servers: Any, backend: str, unuse
         assert server.process.wait(30) == 1
     assert f"already in use (by pid {os.getpid()})" in server.output()
     assert len(server.output().strip().splitlines()) == 1
+
+
+def test_the_grpc_port_is_checked_too(servers: Any, unused_port: int) -> None:
+    """--grpc-port held by another program, or equal to the HTTP port, stops serve at start-up with one line."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", unused_port))
+        holder.listen()
+        server = servers.start("--grpc-port", str(unused_port), wait=False)
+        assert server.process.wait(30) == 1
+    assert f"port {unused_port} on 127.0.0.1 is already in use (by pid {os.getpid()})" in server.output()
+    assert "--grpc-port or INFERENCE_SERVER_GRPC_PORT" in server.output()
+    same = servers.start("--grpc-port", str(unused_port), env={"SAGEMAKER_BIND_TO_PORT": str(unused_port)}, wait=False)
+    assert same.process.wait(30) == 1
+    assert "is the HTTP port too" in same.output()

@@ -58,8 +58,8 @@ class Call:
     is still being read, ``abort(context)`` is called (it ends the read); past the second the call is cancelled, and
     ``stuck(context)`` is called if the work is still running ``grace`` seconds later."""
 
-    __slots__ = ("_lock", "_slot", "abort", "cancelled", "context", "deadline", "overran", "read_deadline", "stage",
-                 "stuck", "stuck_at")  # fmt: skip
+    __slots__ = ("_lock", "_slot", "abort", "after_wait", "cancelled", "context", "deadline", "overran",
+                 "read_deadline", "stage", "stuck", "stuck_at")  # fmt: skip
 
     def __init__(
         self,
@@ -76,6 +76,9 @@ class Call:
         self.read_deadline, self.deadline = read_deadline, deadline
         self.abort, self.stuck, self.context = abort, stuck, context
         self.stuck_at = math.inf
+        #: The deadline and stuck callback from the moment the hooks run, when they differ from the wait's (a
+        #: client's deadline bounds the wait; once the model runs, only the server's timeout does).
+        self.after_wait: tuple[float, Callable[[Any], object] | None] | None = None
         self._slot: Slots | None = None
         self._lock = threading.Lock()
 
@@ -105,8 +108,15 @@ class Call:
             slots.release()
             raise Cancelled
         self._slot = slots
-        self.stage = RUNNING
+        self.run()
         lock.release()
+
+    def run(self) -> None:
+        """The hooks run from now on (stage RUNNING), under :attr:`after_wait`'s deadline if there is one."""
+        after_wait = self.after_wait
+        if after_wait is not None:
+            self.deadline, self.stuck = after_wait
+        self.stage = RUNNING
 
     def give_back(self) -> None:
         """Give back the model slot if this call still holds it (idempotent; either thread may call it)."""

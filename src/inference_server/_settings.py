@@ -202,7 +202,7 @@ class Settings:
     :meth:`from_env`, :meth:`environ` and the command line's options (``--field-name``) are all derived.
     """
 
-    host: str = _variable("0.0.0.0", None, str, "address to listen on")
+    host: str = _variable("0.0.0.0", "INFERENCE_SERVER_HOST", str, "address to listen on (HTTP and gRPC)")
     port: int = _variable(8080, "SAGEMAKER_BIND_TO_PORT", _port, "TCP port")
     #: The Open Inference Protocol over gRPC, on this port in every worker (0: off).
     grpc_port: int = _variable(

@@ -71,7 +71,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pluggy
 
-from inference_server._deadlines import RUNNING, WAITING, Call, Cancelled
+from inference_server._deadlines import WAITING, Call, Cancelled
 from inference_server.errors import ConfigurationError, HookError, ServiceUnavailable
 
 if TYPE_CHECKING:
@@ -587,7 +587,7 @@ class Batcher:
                 return
         for member in group:
             if member.call is not None:
-                member.call.stage = RUNNING
+                member.call.run()
         model = group[0].model
         logger.debug("Micro-batching: a group of %d request(s)", len(group))
         if self._recorder is not None:

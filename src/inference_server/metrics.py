@@ -299,16 +299,15 @@ class Recorder:
         """Count ``stages`` (rows of :attr:`timed`) into ``stage_duration_seconds``, by model and stage."""
         spent = np.diff(np.array([row[:5] for row in stages]), axis=1)
         names = [row[5] for row in stages]
-        labelled: dict[str, list[str]] = {}  # model label: the names it stands for
-        for name in set(names):
-            labelled.setdefault(self._model_label(name), []).append(name)
-        for model, named in labelled.items():
-            rows = spent if len(labelled) == 1 else spent[[name in named for name in names]]
-            for column, stage in enumerate(STAGES):
-                _add(
-                    families.stage_duration.labels(model, stage),
-                    _histograms(DURATION_BUCKETS, rows[:, column], None, [stage])[stage],
-                )
+        by_name = {name: self._model_label(name) for name in set(names)}
+        labels = sorted(set(by_name.values()))
+        groups = None
+        if len(labels) > 1:
+            number = {label: index for index, label in enumerate(labels)}
+            groups = np.fromiter((number[by_name[name]] for name in names), np.intp, len(names))
+        for column, stage in enumerate(STAGES):
+            for model, histogram in _histograms(DURATION_BUCKETS, spent[:, column], groups, labels).items():
+                _add(families.stage_duration.labels(model, stage), histogram)
 
     def kind(self, route: str, method: str, status: int, model: str) -> int:
         """The number :attr:`ended` takes for a request with these labels (``model``: the name a multi-model endpoint
@@ -403,7 +402,7 @@ class Recorder:
         group_of = np.full(len(labels), -1, dtype=np.intp)
         for number in present:
             route, _, status, model = labels[number]
-            if route in self.invocation_routes:
+            if route in self.invocation_routes and status != 404:  # (a 404 never reached a model)
                 group_of[number] = groups.setdefault((model, OUTCOMES[status >= 400]), len(groups))
         if not groups:
             return
@@ -493,8 +492,9 @@ class _Families:
         )
         self.inferences = Counter(
             PREFIX + "inferences_total",
-            "Requests that invoked a model (any protocol), by model (a model of a multi-model endpoint; empty for the "
-            "server's one model) and outcome: success (a status below 400) or fail",
+            "Requests that invoked a model (any protocol; a 404, no such model, is not counted), by model (a model of "
+            "a multi-model endpoint; empty for the server's one model) and outcome: success (a status below 400) or "
+            "fail",
             ("model", "outcome"),
             registry=registry,
         )

@@ -8,9 +8,10 @@ message's own bytes (:mod:`.wire`); health, metadata, statistics and the reposit
 same names, their JSON made into the protocol's messages. An error answer becomes the status code of its HTTP
 status (:data:`CODES`) with the same message.
 
-gRPC's own server (``grpcio``) runs the RPCs on a pool of ``--threads`` + 4 threads (the 4 for health checks while
-every model slot is busy), receives messages up to ``MaxPayloadInMB`` (larger ones: ``RESOURCE_EXHAUSTED``, from
-gRPC) and listens with ``SO_REUSEPORT``: every worker binds the same port and the kernel spreads connections.
+gRPC's own server (``grpcio``) runs the RPCs on a pool of ``--threads`` + :data:`EXTRA_THREADS` threads, each RPC
+(a stream: while it is open) holding one; an RPC past the pool is refused at once with ``RESOURCE_EXHAUSTED``. It
+receives messages up to ``MaxPayloadInMB`` (larger ones: ``RESOURCE_EXHAUSTED``, from gRPC) and listens with
+``SO_REUSEPORT`` on ``--host``: every worker binds the same port and the kernel spreads connections.
 """
 
 from __future__ import annotations
@@ -39,10 +40,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("inference_server")
 
-#: RPC threads beyond ``--threads``: health and metadata answer while every model slot is busy.
-EXTRA_THREADS = 4
-#: Seconds RPCs in flight get to finish when the front stops (after the worker's drain, which lets none in).
-STOP_GRACE = 5.0
+#: RPC threads beyond ``--threads``: RPCs waiting for a model slot, streams, health and metadata. An RPC holds a
+#: thread to its end (a stream while it is open); past the pool an RPC is refused at once (``RESOURCE_EXHAUSTED``).
+EXTRA_THREADS = 60
 
 
 def codes() -> dict[int, grpc.StatusCode]:
@@ -52,12 +52,15 @@ def codes() -> dict[int, grpc.StatusCode]:
     code = grpc.StatusCode
     return {
         400: code.INVALID_ARGUMENT,
+        403: code.PERMISSION_DENIED,
         404: code.NOT_FOUND,
         405: code.UNIMPLEMENTED,
         406: code.INVALID_ARGUMENT,
         408: code.DEADLINE_EXCEEDED,
+        409: code.ALREADY_EXISTS,
         411: code.INVALID_ARGUMENT,
         413: code.RESOURCE_EXHAUSTED,
+        414: code.INVALID_ARGUMENT,
         415: code.INVALID_ARGUMENT,
         422: code.INVALID_ARGUMENT,
         429: code.RESOURCE_EXHAUSTED,
@@ -114,7 +117,8 @@ class Front:
         ]
         threads = self._app.settings.threads + EXTRA_THREADS
         pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="grpc")
-        server = grpc.server(pool, options=options, maximum_concurrent_rpcs=None)
+        # (an RPC holds a thread to its end, a stream while it is open: past the pool, RESOURCE_EXHAUSTED at once)
+        server = grpc.server(pool, options=options, maximum_concurrent_rpcs=threads)
         unary = {
             "ServerLive": self.server_live,
             "ServerReady": self.server_ready,
@@ -135,12 +139,6 @@ class Front:
         self._server = server
         RUNNING.append(self)  # (a gRPC server that is garbage collected stops)
         logger.info("Worker serving the Open Inference Protocol over gRPC on %s:%d", self._host, self._port)
-
-    def stop(self, grace: float = STOP_GRACE) -> None:
-        """Stop listening; RPCs in flight get ``grace`` seconds."""
-        if self._server is not None:
-            self._server.stop(grace).wait()
-            self._server = None
 
     # -- calling the app -----------------------------------------------------------------------------------------
     def _call(
@@ -203,6 +201,14 @@ class Front:
             raise _Failed(status, _message(data, status))
         return orjson.loads(data) if data else None
 
+    def _code(self, status: int) -> grpc.StatusCode:
+        """The status code of an HTTP status: the table's, else ``INVALID_ARGUMENT`` for the client's errors and
+        ``INTERNAL`` for the server's."""
+        code = self._codes.get(status)
+        if code is None:
+            code = self._codes[400 if status < 500 else 500]
+        return code
+
     def _unary(self, call: Any) -> Any:
         """``call(request bytes, context)`` with its errors as status codes."""
 
@@ -210,7 +216,7 @@ class Front:
             try:
                 return call(request, context)  # type: ignore[no-any-return]
             except _Failed as failed:
-                context.abort(self._codes.get(failed.status, _unknown()), failed.text)
+                context.abort(self._code(failed.status), failed.text)
             except DecodeError as exc:
                 context.abort(self._codes[400], str(exc))
             raise AssertionError("unreachable")  # (abort raises)
@@ -227,7 +233,7 @@ class Front:
         return message("ServerReadyResponse")(ready=status == 200).SerializeToString()  # type: ignore[no-any-return]
 
     def model_ready(self, request: bytes, context: Any) -> bytes:
-        name = _name(message("ModelReadyRequest").FromString(request).name)
+        name = _name(_parsed("ModelReadyRequest", request).name)
         status, _ = self._call("GET", f"/v2/models/{name}/ready", context)
         return message("ModelReadyResponse")(ready=status == 200).SerializeToString()  # type: ignore[no-any-return]
 
@@ -236,12 +242,18 @@ class Front:
         return message("ServerMetadataResponse")(**fields).SerializeToString()  # type: ignore[no-any-return]
 
     def model_metadata(self, request: bytes, context: Any) -> bytes:
-        name = _name(message("ModelMetadataRequest").FromString(request).name)
+        name = _name(_parsed("ModelMetadataRequest", request).name)
         fields = self._json("GET", f"/v2/models/{name}", context)
-        return message("ModelMetadataResponse")(**fields).SerializeToString()  # type: ignore[no-any-return]
+        response = message("ModelMetadataResponse")(
+            name=fields["name"],
+            platform=fields["platform"],
+            inputs=_tensors(fields["inputs"]),
+            outputs=_tensors(fields["outputs"]),
+        )
+        return response.SerializeToString()  # type: ignore[no-any-return]
 
     def model_statistics(self, request: bytes, context: Any) -> bytes:
-        name = message("ModelStatisticsRequest").FromString(request).name
+        name = _parsed("ModelStatisticsRequest", request).name
         path = f"/v2/models/{_name(name)}/stats" if name else "/v2/models/stats"
         fields = self._json("GET", path, context)
         for stats in fields["model_stats"]:
@@ -250,23 +262,24 @@ class Front:
 
     # -- the model repository ------------------------------------------------------------------------------------
     def repository_index(self, request: bytes, context: Any) -> bytes:
-        ready = message("RepositoryIndexRequest").FromString(request).ready
+        ready = _parsed("RepositoryIndexRequest", request).ready
         models = self._json("POST", "/v2/repository/index", context, {"ready": ready})
         return message("RepositoryIndexResponse")(models=models).SerializeToString()  # type: ignore[no-any-return]
 
     def repository_load(self, request: bytes, context: Any) -> bytes:
-        name = _name(message("RepositoryModelLoadRequest").FromString(request).model_name)
+        name = _name(_parsed("RepositoryModelLoadRequest", request).model_name)
         self._json("POST", f"/v2/repository/models/{name}/load", context, {})
         return b""  # (RepositoryModelLoadResponse has no fields)
 
     def repository_unload(self, request: bytes, context: Any) -> bytes:
-        name = _name(message("RepositoryModelUnloadRequest").FromString(request).model_name)
+        name = _name(_parsed("RepositoryModelUnloadRequest", request).model_name)
         self._json("POST", f"/v2/repository/models/{name}/unload", context, {})
         return b""
 
     # -- inference -----------------------------------------------------------------------------------------------
     def model_infer(self, request: bytes, context: Any) -> bytes:
-        media_type, answer = self._infer(request, context)
+        name, _ = wire.header(request, self._app.pipeline.limits)
+        media_type, answer = self._infer(request, context, name)
         try:
             if media_type == GRPC_STREAM_TYPE:
                 raise _Failed(400, "the model streams its answer (a generator predict_fn): call ModelStreamInfer")
@@ -274,10 +287,10 @@ class Front:
         finally:
             _close(answer)
 
-    def _infer(self, request: bytes, context: Any) -> tuple[str, Any]:
-        """The app's answer to one ModelInferRequest, its media type and body (:class:`_Failed` for an error
-        status)."""
-        name = _name(wire.model_name(request))
+    def _infer(self, request: bytes, context: Any, name: str) -> tuple[str, Any]:
+        """The app's answer to one ModelInferRequest for model ``name``, its media type and body (:class:`_Failed`
+        for an error status)."""
+        name = _name(name)
         path = f"/inference.GRPCInferenceService/ModelInfer/{name}"
         status, media_type, answer = self._open("POST", path, context, request, {GRPC: True})
         if status >= 400:
@@ -292,11 +305,12 @@ class Front:
         """Each request of the stream answered in turn with ``ModelStreamInferResponse``s: its inference (one for
         each item a streamed ``predict_fn`` yields, as it is made), or its error's message; the stream goes on."""
         for request in requests:
+            request_id = ""
             try:
-                media_type, answer = self._infer(request, context)
+                name, request_id = wire.header(request, self._app.pipeline.limits)
+                media_type, answer = self._infer(request, context, name)
             except (_Failed, DecodeError) as exc:
-                text = exc.text if isinstance(exc, _Failed) else str(exc)
-                yield message("ModelStreamInferResponse")(error_message=text).SerializeToString()
+                yield _stream_error(exc.text if isinstance(exc, _Failed) else str(exc), request_id)
                 continue
             try:
                 if media_type == GRPC_STREAM_TYPE:
@@ -307,11 +321,16 @@ class Front:
                     size = sum(memoryview(buffer).nbytes for buffer in buffers)
                     yield b"".join([wire._field_header(2, size), *buffers])
             except Exception as exc:  # the model's stream broke (the app logged it): said, and the stream goes on
-                yield message("ModelStreamInferResponse")(
-                    error_message=f"the model's stream failed: {exc}"
-                ).SerializeToString()
+                yield _stream_error(f"the model's stream failed: {exc}", request_id)
             finally:
                 _close(answer)
+
+
+def _stream_error(text: str, request_id: str) -> bytes:
+    """A ``ModelStreamInferResponse`` saying ``text``, with the request's id (what a client matches it by)."""
+    failed = message("ModelStreamInferResponse")(error_message=text)
+    failed.infer_response.id = request_id
+    return failed.SerializeToString()  # type: ignore[no-any-return]
 
 
 def _close(answer: Any) -> None:
@@ -319,6 +338,19 @@ def _close(answer: Any) -> None:
     close = getattr(answer, "close", None)
     if close is not None:
         close()
+
+
+def _parsed(kind: str, data: bytes) -> Any:
+    """The request message ``kind`` from ``data``: a :class:`DecodeError` (INVALID_ARGUMENT) if it is not one."""
+    try:
+        return message(kind).FromString(data)
+    except Exception as exc:  # protobuf's DecodeError (its module is the extra's)
+        raise DecodeError(f"the {kind} is not a valid protobuf message: {exc}") from None
+
+
+def _tensors(tensors: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A signature's tensors with the fields TensorMetadata has (a hook's may carry more)."""
+    return [{"name": tensor["name"], "datatype": tensor["datatype"], "shape": tensor["shape"]} for tensor in tensors]
 
 
 def _name(name: str) -> str:
@@ -346,9 +378,3 @@ def _peer(context: Any) -> str:
     if kind in ("ipv4", "ipv6"):
         return rest.rsplit(":", 1)[0].strip("[]")
     return peer
-
-
-def _unknown() -> grpc.StatusCode:
-    import grpc
-
-    return grpc.StatusCode.UNKNOWN

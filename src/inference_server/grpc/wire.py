@@ -63,14 +63,18 @@ def _varint(data: memoryview, position: int) -> tuple[int, int]:
     raise DecodeError("the ModelInferRequest is not a protobuf message: a varint runs past its end or 10 bytes")
 
 
-def _split(body: Buffer, field: int) -> tuple[bytes, list[memoryview]]:
+def _split(body: Buffer, field: int, limit: int) -> tuple[bytes, list[memoryview]]:
     """The message's top-level fields other than ``field`` (re-joined, for protobuf's parser), and the values of
-    ``field`` (length-delimited) as views on ``body``."""
+    ``field`` (length-delimited) as views on ``body``; a :class:`DecodeError` past ``limit`` top-level fields (a
+    request of a few tensors has a few dozen: millions of tiny fields would cost seconds and memory here)."""
     data = memoryview(body).cast("B")
-    rest: list[memoryview] = []
+    kept: list[memoryview] = []  # runs of neighbouring fields kept
     values: list[memoryview] = []
-    position, end = 0, len(data)
+    position, end, run_start, fields = 0, len(data), 0, 0
     while position < end:
+        fields += 1
+        if fields > limit:
+            raise DecodeError(f"the ModelInferRequest has over {limit} fields")
         start = position
         key, position = _varint(data, position)
         wire = key & 7
@@ -85,18 +89,28 @@ def _split(body: Buffer, field: int) -> tuple[bytes, list[memoryview]]:
             if key >> 3 == field:
                 if position + length > end:
                     break
+                if start > run_start:
+                    kept.append(data[run_start:start])
                 values.append(data[position : position + length])
                 position += length
+                run_start = position
                 continue
             position += length
         else:
             raise DecodeError(f"the ModelInferRequest is not a protobuf message: wire type {wire} at byte {start}")
         if position > end:
             break
-        rest.append(data[start:position])
     else:
-        return b"".join(rest), values
+        if end > run_start:
+            kept.append(data[run_start:end])
+        return b"".join(kept), values
     raise DecodeError("the ModelInferRequest is cut short: a field runs past the end of the message")
+
+
+def _field_limit(limits: Limits) -> int:
+    """The most top-level fields a ModelInferRequest may have: its inputs, requested outputs and raw contents (each
+    at most ``max_archive_members``), its parameters, and a few more."""
+    return 4 * limits.max_archive_members + 64
 
 
 def _parameter(value: Any) -> Any:
@@ -109,10 +123,12 @@ def _parameters(fields: Mapping[str, Any]) -> dict[str, Any]:
     return {key: _parameter(value) for key, value in fields.items()}
 
 
-def model_name(body: Buffer) -> str:
-    """The ``model_name`` of a ModelInferRequest, read without parsing the rest (400 if it is not one)."""
-    rest, _ = _split(body, RAW_INPUTS)
-    return _parsed(rest).model_name  # type: ignore[no-any-return]
+def header(body: Buffer, limits: Limits | None = None) -> tuple[str, str]:
+    """The ``model_name`` and ``id`` of a serialised ModelInferRequest, read without parsing its tensors (a
+    :class:`DecodeError`, a 400, if it is not one)."""
+    rest, _ = _split(body, RAW_INPUTS, _field_limit(limits or Limits()))
+    request = _parsed(rest)
+    return request.model_name, request.id
 
 
 def _parsed(rest: bytes) -> Any:
@@ -126,7 +142,7 @@ def decode_request(body: Buffer, limits: Limits | None = None) -> tuple[str, v2.
     """The model's name and the inference request of a serialised ``ModelInferRequest``: raw contents as views on
     ``body``, typed contents as new arrays; every output is answered in the raw contents."""
     limits = limits or Limits()
-    rest, raw = _split(body, RAW_INPUTS)
+    rest, raw = _split(body, RAW_INPUTS, _field_limit(limits))
     request = _parsed(rest)
     if len(request.inputs) > limits.max_archive_members:
         raise DecodeError(
@@ -152,6 +168,8 @@ def decode_request(body: Buffer, limits: Limits | None = None) -> tuple[str, v2.
             shown = repr(tensor.datatype)[:40]
             raise _fail("input", name, f"unknown datatype {shown}; the datatypes are {', '.join(v2.DATATYPES)}")
         shape = v2._shape(name, list(tensor.shape))
+        if raw and tensor.HasField("contents"):
+            raise _fail("input", name, "has contents, but the request has raw_input_contents: give one or the other")
         if raw:
             array = _from_binary(name, datatype, shape, raw[index], budget)
         else:

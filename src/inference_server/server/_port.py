@@ -106,28 +106,36 @@ def owners(pids: list[int]) -> tuple[list[int], bool]:
 
 
 def in_use(settings: Settings) -> str | None:
-    """Why the server cannot listen on its address and port (one line), or None when it can.
+    """Why the server cannot listen on its address and ports (one line), or None when it can: its HTTP port, and its
+    gRPC port if it has one (``--grpc-port``), which must differ.
 
     A plain bind, without SO_REUSEPORT, fails when anyone listens there, so a second server never shares the port
-    with the first (granian's SO_REUSEPORT sockets would otherwise split the traffic between them).
+    with the first (granian's and gRPC's SO_REUSEPORT sockets would otherwise split the traffic between them).
     """
+    if settings.grpc_port and settings.grpc_port == settings.port:
+        return f"--grpc-port {settings.grpc_port} is the HTTP port too: give gRPC a port of its own"
+    problem = _taken(settings, settings.port, "--port or SAGEMAKER_BIND_TO_PORT")
+    if problem is None and settings.grpc_port:
+        problem = _taken(settings, settings.grpc_port, "--grpc-port or INFERENCE_SERVER_GRPC_PORT")
+    return problem
+
+
+def _taken(settings: Settings, port: int, option: str) -> str | None:
+    """Why the server cannot listen on ``port`` of its address (``option``: how to choose another), or None."""
     family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the backends do: TIME_WAIT is no conflict
         try:
-            probe.bind((settings.host, settings.port))
+            probe.bind((settings.host, port))
         except OSError as exc:
             if exc.errno != errno.EADDRINUSE:
-                return f"cannot listen on {settings.host} port {settings.port}: {exc.strerror}"
-            pids, ours = owners(holders(settings.port))
+                return f"cannot listen on {settings.host} port {port}: {exc.strerror}"
+            pids, ours = owners(holders(port))
             named = ", ".join(map(str, pids))
             by = ""
             if ours:
                 by = f" by inference-server serve (pid {named}; kill {named} stops it)"
             elif pids:
                 by = f" (by pid {named})"
-            return (
-                f"port {settings.port} on {settings.host} is already in use{by}; "
-                "choose another with --port or SAGEMAKER_BIND_TO_PORT"
-            )
+            return f"port {port} on {settings.host} is already in use{by}; choose another with {option}"
     return None

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from inference_server import _deadlines, _loop, codecs
 from inference_server._pipeline import Framing, Output, Stream
 from inference_server.errors import GatewayTimeout, HookError, RequestTimeout, ServiceUnavailable
-from inference_server.wsgi._invoke import MODEL, RECYCLE_GRACE, Lifecycle, StreamFailed, Target
+from inference_server.wsgi._invoke import CLIENT_DEADLINE, MODEL, RECYCLE_GRACE, Lifecycle, StreamFailed, Target
 from inference_server.wsgi._replies import Headers, Piecewise, Request
 
 if TYPE_CHECKING:
@@ -84,12 +84,16 @@ class _Work:
         self.call: _deadlines.Call | None = None
 
 
+#: What :attr:`_Expiry.fired` says when the client's deadline passed while the work waited.
+CLIENT = "client"
+
+
 class _Expiry:
     """A request's deadline. Set for the body's (``--read-timeout``); due then, it cancels the request's task (a 408).
     Due once the body is read, it is set again for the whole request's deadline, if any, and then cancels the task
     (a 504)."""
 
-    __slots__ = ("deadline", "fired", "reading", "slot", "task")
+    __slots__ = ("client", "deadline", "fired", "reading", "slot", "task", "work")
 
     def __init__(self, deadline: float | None, task: asyncio.Task[Any] | None) -> None:
         self.task = task
@@ -97,13 +101,31 @@ class _Expiry:
         self.reading = True
         self.fired: str | None = None
         self.slot = 0  # (its tick in :class:`_Deadlines`)
+        #: A deadline the client set (the gRPC front's): due while the work still waits, it is answered (a 504)
+        #: and the work never runs; once the work runs, only :attr:`deadline` bounds it.
+        self.client: float | None = None
+        self.work: _Work | None = None
 
     def due(self, deadlines: _Deadlines) -> None:
         if not self.reading:
-            if self.deadline is None:
-                return
-            if self.deadline > time.monotonic():
-                deadlines.set(self, self.deadline, deadlines.loop)
+            now = time.monotonic()
+            if self.deadline is None or self.deadline > now:
+                client = self.client
+                if client is not None and client <= now:
+                    work = self.work
+                    running = work is not None and (
+                        work.stage == _deadlines.RUNNING
+                        or (work.call is not None and work.call.stage == _deadlines.RUNNING)
+                    )
+                    if not running:
+                        self.fired = CLIENT
+                        if self.task is not None:
+                            self.task.cancel()
+                        return
+                    self.client = client = None
+                upcoming = [when for when in (self.deadline, client) if when is not None]
+                if upcoming:
+                    deadlines.set(self, min(upcoming), deadlines.loop)
                 return
         self.fired = _deadlines.READING if self.reading else _deadlines.RUNNING
         if self.task is not None:
@@ -330,9 +352,14 @@ class AsyncLifecycle:
         deadlines = self._deadlines
         deadlines.set(expiry, start + read_timeout, loop)
         work = _Work(loop)
+        client = request.environ.get(CLIENT_DEADLINE)
         try:
             body = await read(target.pipeline.max_body)
             expiry.reading = False
+            if client is not None:
+                expiry.client, expiry.work = client, work
+                deadlines.clear(expiry)
+                deadlines.set(expiry, client if expiry.deadline is None else min(client, expiry.deadline), loop)
             return await self._invoke(request, target, body, framing, work, start)
         except asyncio.CancelledError:
             if expiry.fired is None:
@@ -342,6 +369,10 @@ class AsyncLifecycle:
             deadlines.clear(expiry)
         if expiry.fired == _deadlines.READING:
             raise RequestTimeout(f"the request body did not arrive within {read_timeout} s")
+        if expiry.fired == CLIENT:
+            if work.call is not None:  # (the batcher leaves it out of its groups)
+                work.call.cancel()
+            raise GatewayTimeout(f"the client's deadline passed (while {work.stage})")
         if work.call is not None:  # the batcher leaves it out of its groups, or it is running in one
             work.stage = work.call.cancel()
         self._watch_stuck(work.future, request.request_id)

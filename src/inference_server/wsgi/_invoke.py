@@ -248,9 +248,10 @@ class Lifecycle:
             read_deadline = math.inf
         else:
             read_deadline = start + min(timeout, self.settings.read_timeout)
-        # (a client's deadline ends the wait, never the worker: only --timeout replaces one whose work is stuck)
-        stuck = self._recycle_stuck if client is None else None
-        call = _deadlines.Call(read_deadline, start + timeout, self._abort_read, stuck, request)
+        call = _deadlines.Call(read_deadline, start + timeout, self._abort_read, self._recycle_stuck, request)
+        if client is not None:  # a client's deadline bounds the wait; once the hooks run, only --timeout does
+            call.stuck = None
+            call.after_wait = (start + self._timeout if self._timeout else math.inf, self._recycle_stuck)
         self._watchdog.watch(call)
         try:
             reply = self._invoke(request, target, call, start, framing, body)
@@ -273,7 +274,7 @@ class Lifecycle:
             if call.overran == _deadlines.READING:
                 limit = min(timeout, self.settings.read_timeout)
                 raise RequestTimeout(f"the request body did not arrive within {limit} s")
-            if client is not None:
+            if client is not None and call.overran != _deadlines.RUNNING:
                 raise GatewayTimeout(f"the client's deadline passed (while {call.overran})")
             raise GatewayTimeout(
                 f"the request took longer than the server's timeout of {self._timeout} s (while {call.overran})"
