@@ -1,5 +1,5 @@
 """The Open Inference Protocol (v2): the seed array echoed as binary tensors, as JSON tensors, as ``.npy`` and over
-gRPC, by ours and by MLServer.
+gRPC, by ours, MLServer, Triton and KServe.
 
 The seed array, ``np.random.default_rng(0).standard_normal((10000, 3, 4))`` float64 (960 KB), goes through an echo
 model, one worker per server:
@@ -21,6 +21,10 @@ model, one worker per server:
   with 0.22 and later its worker process dies in ``asyncio.get_event_loop()``, see ``_peers.py``), MLServer runs
   with ``parallel_workers: 0`` (inference in the server's own process), and the output says which. Its gRPC server
   is measured through the same ``tritonclient.grpc`` calls as ours.
+- Triton (``tritonserver`` 2.51 from PyTriton's wheel, in ``benchmarks/.venv-triton``) with the echo as a Python
+  backend model of one instance, and KServe (``kserve`` 0.21, in ``benchmarks/.venv-kserve``) with the echo as a
+  ``kserve.Model`` in one worker: each over HTTP binary and gRPC through the same tritonclient calls
+  (``_peers.py`` says how they are started).
 
 One client, sequential requests over one kept-alive connection per contender (a latency measurement: on 2 cores
 concurrent Python clients would measure the client); the timing of each request includes the client's encoding and
@@ -29,8 +33,10 @@ checks the echo (equal to the seed, and sent the way its name says); medians of 
 min-max, the servers' CPU time per request (user + system, all their processes; counted in 10 ms ticks, so coarse
 for the slow JSON contenders in short rounds), and the issue's targets: binary v2 (``V2Client``) within 1.2x of
 ``.npy`` per request, ours (binary v2) >= 1.0x MLServer's throughput, ours over gRPC within 1.2x of ours over HTTP
-binary (tritonclient both) per request, and ours over gRPC >= 1.0x MLServer's gRPC.
-Run: ``.venv/bin/python benchmarks/v2.py`` (about 2 minutes; ``--quick``: 2 rounds of 1 s).
+binary (tritonclient both) per request, ours >= 1.0x MLServer's and KServe's throughput and >= 0.8x Triton's, over
+HTTP binary and gRPC.
+Run: ``.venv/bin/python benchmarks/v2.py`` (about 4 minutes, the first run a few more to make the peers'
+virtualenvs; ``--quick``: 2 rounds of 1 s).
 """
 
 from __future__ import annotations
@@ -222,9 +228,13 @@ def main() -> None:
         mlserver, mlserver_note = _peers.start_mlserver(
             stack, models, {"echo_model": _peers.MLSERVER_ECHO}, 1, h.base_env()
         )
+        triton_server = stack.enter_context(_peers.triton(MODEL, {"x": ("FP64", SEED.ndim)}, 1, h.base_env()))
+        kserve_server = stack.enter_context(_peers.kserve(MODEL, 1, h.base_env()))
         print(
             f"ours: --server {args.server}, --workers 1; MLServer: {_peers.versions(python, 'mlserver', 'uvloop')}, "
-            f"{mlserver_note}"
+            f"{mlserver_note}; Triton: {_peers.versions(_peers.triton_python(), 'nvidia-pytriton')} (tritonserver "
+            f"2.51, Python backend, 1 instance); KServe: {_peers.versions(_peers.kserve_python(), 'kserve')} "
+            "(ModelServer, 1 worker)"
         )
 
         mlserver_binary = TritonClient(mlserver.port, binary=True)
@@ -248,6 +258,10 @@ def main() -> None:
             "ours gRPC": (ours, GrpcClient(grpc_port), "gRPC"),
             mlserver_name: (mlserver, mlserver_client, mlserver_name.rsplit(" ", 1)[1]),
             "MLServer gRPC": (mlserver, GrpcClient(mlserver.grpc_port), "gRPC"),  # type: ignore[attr-defined]
+            "Triton v2 binary": (triton_server, TritonClient(triton_server.port, binary=True), "binary"),
+            "Triton gRPC": (triton_server, GrpcClient(triton_server.grpc_port), "gRPC"),  # type: ignore[attr-defined]
+            "KServe v2 binary": (kserve_server, TritonClient(kserve_server.port, binary=True), "binary"),
+            "KServe gRPC": (kserve_server, GrpcClient(kserve_server.grpc_port), "gRPC"),  # type: ignore[attr-defined]
         }
         for name, (_, client, expected) in contenders.items():
             stack.callback(client.close)
@@ -294,8 +308,12 @@ def main() -> None:
           " (target >= 1.0x)")  # fmt: skip
     print(f"  ours gRPC / ours v2 binary (tritonclient), time per request: "
           f"{ratio('ours gRPC', 'ours v2 binary', 'time')} (target <= 1.2x)")  # fmt: skip
-    print(f"  ours gRPC / MLServer gRPC, requests/s: {ratio('ours gRPC', 'MLServer gRPC', 'throughput')}"
-          " (target >= 1.0x)")  # fmt: skip
+    for peer, target in (("MLServer", ">= 1.0x"), ("KServe", ">= 1.0x"), ("Triton", ">= 0.8x")):
+        if peer != "MLServer":
+            print(f"  ours v2 binary / {peer} v2 binary, requests/s: "
+                  f"{ratio('ours v2 binary', f'{peer} v2 binary', 'throughput')} (target {target})")  # fmt: skip
+        print(f"  ours gRPC / {peer} gRPC, requests/s: {ratio('ours gRPC', f'{peer} gRPC', 'throughput')}"
+              f" (target {target})")  # fmt: skip
     if mlserver_name.endswith("JSON"):
         print(f"  like for like, ours v2 JSON / {mlserver_name}, requests/s: "
               f"{ratio('ours v2 JSON', mlserver_name, 'throughput')}")  # fmt: skip
@@ -308,14 +326,15 @@ def main() -> None:
     run.compare("time per request", "ours v2 binary V2Client", "ours /invocations npy", target="<= 1.2x")
     run.compare("time per request", "ours v2 binary", "ours /invocations npy")
     run.compare("time per request", "ours gRPC", "ours v2 binary", target="<= 1.2x")
-    run.compare(
-        "time per request",
-        "ours gRPC",
-        "MLServer gRPC",
-        medians["MLServer gRPC"] / medians["ours gRPC"],
-        "requests/s",
-        ">= 1.0x",
-    )
+    for ours_name, theirs_name, target in (
+        ("ours gRPC", "MLServer gRPC", ">= 1.0x"),
+        ("ours v2 binary", "KServe v2 binary", ">= 1.0x"),
+        ("ours gRPC", "KServe gRPC", ">= 1.0x"),
+        ("ours v2 binary", "Triton v2 binary", ">= 0.8x"),
+        ("ours gRPC", "Triton gRPC", ">= 0.8x"),
+    ):
+        ratio_ = medians[theirs_name] / medians[ours_name]
+        run.compare("time per request", ours_name, theirs_name, ratio_, "requests/s", target)
     for name in ("ours v2 binary", "ours v2 JSON"):
         mine, theirs = medians[name], medians[mlserver_name]
         target = ">= 1.0x" if name == "ours v2 binary" else None
