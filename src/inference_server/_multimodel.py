@@ -222,19 +222,24 @@ class MultiModel:
             holdings.append(held)
         return holdings, registered
 
+    def _held_bytes(self) -> tuple[list[Holding], dict[str, int], int, int]:
+        """:meth:`_holdings`, and the bytes of private memory (summed over the workers) and of files mapped (each file
+        once) that they hold."""
+        holdings, registered = self._holdings()
+        private, mapped = _memory.machine_bytes([held.cost for held in holdings])
+        return holdings, registered, private, mapped
+
     def account(self) -> tuple[int, int, int]:
         """The machine's models, as the workers hold them now: how many (each once), bytes of private memory (summed
         over the workers), bytes of their files mapped (each file once)."""
-        holdings, _ = self._holdings()
-        private, mapped = _memory.machine_bytes([held.cost for held in holdings])
+        holdings, _, private, mapped = self._held_bytes()
         return len({(held.kind, held.name) for held in holdings}), private, mapped
 
     def machine_bytes(self) -> int:
         """What the models cost the machine, as ``--max-model-memory`` counts it: :meth:`account`'s private and mapped
         bytes, plus the private memory of each model loaded through ``/models`` (or being loaded) in the workers yet
         to load it (what its holders paid, else what its first load did)."""
-        holdings, registered = self._holdings()
-        private, mapped = _memory.machine_bytes([held.cost for held in holdings])
+        holdings, registered, private, mapped = self._held_bytes()
         holders: dict[str, list[int]] = {name: [] for name in registered}
         for held in holdings:
             if held.kind == "api":

@@ -590,12 +590,12 @@ def datatype_of(array: np.ndarray[Any, Any], output: str = "output", kind: str =
                     "can be sent (as BYTES)"
                 )
         return "BYTES"
-    if dtype.name == "bfloat16" and dtype.itemsize == 2:
-        return "BF16"
     datatype = _BY_KIND.get((dtype.kind, dtype.itemsize))
-    if datatype is None:
-        raise EncodeError(f"{kind} {output!r} has dtype {dtype}, which has no v2 datatype")
-    return datatype.name
+    if datatype is not None:
+        return datatype.name
+    if dtype.name == "bfloat16" and dtype.itemsize == 2:  # (ml_dtypes' kind is "V": no numpy kind of its own)
+        return "BF16"
+    raise EncodeError(f"{kind} {output!r} has dtype {dtype}, which has no v2 datatype")
 
 
 def named_outputs(prediction: Any, requested: Sequence[str] | None = None) -> list[tuple[str, np.ndarray[Any, Any]]]:

@@ -278,8 +278,7 @@ class Front:
 
     # -- inference -----------------------------------------------------------------------------------------------
     def model_infer(self, request: bytes, context: Any) -> bytes:
-        name, _ = wire.header(request, self._app.pipeline.limits)
-        media_type, answer = self._infer(request, context, name)
+        media_type, answer = self._infer(request, context, wire.parse(request, self._app.pipeline.limits))
         try:
             if media_type == GRPC_STREAM_TYPE:
                 raise _Failed(400, "the model streams its answer (a generator predict_fn): call ModelStreamInfer")
@@ -287,12 +286,12 @@ class Front:
         finally:
             _close(answer)
 
-    def _infer(self, request: bytes, context: Any, name: str) -> tuple[str, Any]:
-        """The app's answer to one ModelInferRequest for model ``name``, its media type and body (:class:`_Failed`
-        for an error status)."""
-        name = _name(name)
+    def _infer(self, request: bytes, context: Any, parsed: wire.Parsed) -> tuple[str, Any]:
+        """The app's answer to one ModelInferRequest (``parsed``: read already, handed to the route's framing), its
+        media type and body (:class:`_Failed` for an error status)."""
+        name = _name(parsed.request.model_name)
         path = f"/inference.GRPCInferenceService/ModelInfer/{name}"
-        status, media_type, answer = self._open("POST", path, context, request, {GRPC: True})
+        status, media_type, answer = self._open("POST", path, context, request, {GRPC: parsed})
         if status >= 400:
             try:
                 data = b"".join(answer)
@@ -307,8 +306,9 @@ class Front:
         for request in requests:
             request_id = ""
             try:
-                name, request_id = wire.header(request, self._app.pipeline.limits)
-                media_type, answer = self._infer(request, context, name)
+                parsed = wire.parse(request, self._app.pipeline.limits)
+                request_id = parsed.request.id
+                media_type, answer = self._infer(request, context, parsed)
             except (_Failed, DecodeError) as exc:
                 yield _stream_error(exc.text if isinstance(exc, _Failed) else str(exc), request_id)
                 continue

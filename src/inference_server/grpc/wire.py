@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import struct
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -76,7 +76,11 @@ def _split(body: Buffer, field: int, limit: int) -> tuple[bytes, list[memoryview
         if fields > limit:
             raise DecodeError(f"the ModelInferRequest has over {limit} fields")
         start = position
-        key, position = _varint(data, position)
+        key = data[position]  # (a one-byte key, the usual: fields 1 to 15)
+        if key < 0x80:
+            position += 1
+        else:
+            key, position = _varint(data, position)
         wire = key & 7
         if wire == 0:
             _, position = _varint(data, position)
@@ -85,7 +89,11 @@ def _split(body: Buffer, field: int, limit: int) -> tuple[bytes, list[memoryview
         elif wire == 5:
             position += 4
         elif wire == _LENGTH_DELIMITED:
-            length, position = _varint(data, position)
+            length = data[position] if position < end else 0x80
+            if length < 0x80:
+                position += 1
+            else:
+                length, position = _varint(data, position)
             if key >> 3 == field:
                 if position + length > end:
                     break
@@ -123,12 +131,19 @@ def _parameters(fields: Mapping[str, Any]) -> dict[str, Any]:
     return {key: _parameter(value) for key, value in fields.items()}
 
 
-def header(body: Buffer, limits: Limits | None = None) -> tuple[str, str]:
-    """The ``model_name`` and ``id`` of a serialised ModelInferRequest, read without parsing its tensors (a
-    :class:`DecodeError`, a 400, if it is not one)."""
-    rest, _ = _split(body, RAW_INPUTS, _field_limit(limits or Limits()))
-    request = _parsed(rest)
-    return request.model_name, request.id
+class Parsed(NamedTuple):
+    """A serialised ModelInferRequest read once: the message without its raw contents (its names, shapes and
+    parameters), and the raw contents as views on the message's bytes."""
+
+    request: Any
+    raw: list[memoryview]
+
+
+def parse(body: Buffer, limits: Limits | None = None) -> Parsed:
+    """``body`` read as a ModelInferRequest, its tensors not decoded yet (a :class:`DecodeError`, a 400, if it is not
+    one): what :func:`decode_request` decodes, and where the front finds the model's name."""
+    rest, raw = _split(body, RAW_INPUTS, _field_limit(limits or Limits()))
+    return Parsed(_parsed(rest), raw)
 
 
 def _parsed(rest: bytes) -> Any:
@@ -138,12 +153,14 @@ def _parsed(rest: bytes) -> Any:
         raise DecodeError(f"the ModelInferRequest is not a valid protobuf message: {exc}") from None
 
 
-def decode_request(body: Buffer, limits: Limits | None = None) -> tuple[str, v2.InferenceRequest]:
-    """The model's name and the inference request of a serialised ``ModelInferRequest``: raw contents as views on
-    ``body``, typed contents as new arrays; every output is answered in the raw contents."""
+def decode_request(
+    body: Buffer, limits: Limits | None = None, parsed: Parsed | None = None
+) -> tuple[str, v2.InferenceRequest]:
+    """The model's name and the inference request of a serialised ``ModelInferRequest`` (``parsed``: what
+    :func:`parse` made of it already, if anything): raw contents as views on ``body``, typed contents as new arrays;
+    every output is answered in the raw contents."""
     limits = limits or Limits()
-    rest, raw = _split(body, RAW_INPUTS, _field_limit(limits))
-    request = _parsed(rest)
+    request, raw = parsed if parsed is not None else parse(body, limits)
     if len(request.inputs) > limits.max_archive_members:
         raise DecodeError(
             f"the request has {len(request.inputs)} inputs; at most {limits.max_archive_members} are allowed"

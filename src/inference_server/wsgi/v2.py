@@ -53,7 +53,7 @@ logger = logging.getLogger("inference_server")
 EXTENSIONS = ("binary_tensor_data",)
 STATISTICS = "statistics"
 #: The route of the gRPC front's ModelInfer (the model's name in the path), answered only for the front: the environ
-#: of its calls has :data:`GRPC` set.
+#: of its calls has :data:`GRPC` set, to the message as the front read it (``grpc.wire.Parsed``).
 GRPC_INFER = "/inference.GRPCInferenceService/ModelInfer/{name}"
 GRPC = "inference_server.grpc"
 REPOSITORY = "model_repository"
@@ -311,7 +311,8 @@ class GrpcFraming(Framing):
     def decode(self, body: Any, model: Any) -> dict[str, Any]:
         from inference_server.grpc import wire
 
-        _, request = wire.decode_request(body, self._app.pipeline.limits)
+        parsed = self._environ.get(GRPC)  # (what the front read of the message already)
+        _, request = wire.decode_request(body, self._app.pipeline.limits, parsed)
         self._signature = _signature(self._app, model)
         _check_inputs(self._signature.get("inputs"), request)
         self._request = request
