@@ -290,6 +290,28 @@ def test_a_streamed_model_answers_modelstreaminfer_once_per_item(servers: Any) -
     assert "ModelStreamInfer" in unary.value.message()
 
 
+def test_an_empty_final_response_ends_each_request_when_asked(servers: Any) -> None:
+    """With tritonclient's enable_empty_final_response, a decoupled model's answers to a request end with an empty
+    response flagged triton_final_response (its others flagged false), as Triton sends them."""
+    servers.plugin_site.add("counter", COUNTER)
+    port = free_port()
+    servers.start("--grpc-port", str(port))
+    client = triton.InferenceServerClient(f"127.0.0.1:{port}")
+    wait_until(lambda: _live(client), 10, "the gRPC port never answered")
+    answers: queue.Queue[Any] = queue.Queue()
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        n = tensor("n", np.array([2], np.int64), "INT64")
+        client.async_stream_infer("counter", [n], request_id="e", enable_empty_final_response=True)
+        got = [answers.get(timeout=10) for _ in range(3)]
+    finally:
+        client.stop_stream()
+    responses = [result.get_response() for result, _ in got]
+    assert [response.id for response in responses] == ["e", "e", "e"]
+    assert [response.parameters["triton_final_response"].bool_param for response in responses] == [False, False, True]
+    assert [len(response.outputs) for response in responses] == [1, 1, 0]
+
+
 def test_the_asyncio_client_streams_too(servers: Any) -> None:
     """tritonclient.grpc.aio's stream_infer reads a streamed model's responses as they come."""
     import asyncio

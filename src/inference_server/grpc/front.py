@@ -17,6 +17,7 @@ receives messages up to ``MaxPayloadInMB`` (larger ones: ``RESOURCE_EXHAUSTED``,
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import io
 import logging
 import sys
@@ -314,16 +315,39 @@ class Front:
                 continue
             try:
                 if media_type == GRPC_STREAM_TYPE:
+                    not_final = _final_flag(False)
                     for response in wire.unframed(answer):
-                        yield wire._field_header(2, len(response)) + response
+                        yield wire._field_header(2, len(response) + len(not_final)) + response + not_final
+                    if _wants_empty_final(parsed.request):  # (the end of a decoupled model's answers, said)
+                        final = message("ModelStreamInferResponse")()
+                        final.infer_response.model_name = parsed.request.model_name
+                        final.infer_response.id = request_id
+                        final.infer_response.parameters["triton_final_response"].bool_param = True
+                        yield final.SerializeToString()
                 else:
-                    buffers = list(answer)
+                    buffers = [*answer, _final_flag(True)]
                     size = sum(memoryview(buffer).nbytes for buffer in buffers)
                     yield b"".join([wire._field_header(2, size), *buffers])
             except Exception as exc:  # the model's stream broke (the app logged it): said, and the stream goes on
                 yield _stream_error(f"the model's stream failed: {exc}", request_id)
             finally:
                 _close(answer)
+
+
+@functools.cache
+def _final_flag(final: bool) -> bytes:
+    """A ModelInferResponse's ``parameters`` entry ``triton_final_response`` (Triton's flag on each response of a
+    stream: whether it is its request's last), serialised: appended to a response, it is one more map entry."""
+    response = message("ModelInferResponse")()
+    response.parameters["triton_final_response"].bool_param = final
+    return response.SerializeToString()  # type: ignore[no-any-return]
+
+
+def _wants_empty_final(request: Any) -> bool:
+    """Whether the request asks for an empty response ending its answers (tritonclient's
+    ``enable_empty_final_response``)."""
+    parameter = request.parameters.get("triton_enable_empty_final_response")
+    return parameter is not None and parameter.WhichOneof("parameter_choice") == "bool_param" and parameter.bool_param
 
 
 def _stream_error(text: str, request_id: str) -> bytes:
