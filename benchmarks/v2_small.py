@@ -41,6 +41,7 @@ import numpy as np
 import orjson
 import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton
+import v2
 from tritonclient.grpc import service_pb2
 
 MODEL = "simple"
@@ -48,17 +49,8 @@ INPUTS = {"INPUT0": np.arange(16, dtype=np.int32).reshape(1, 16), "INPUT1": np.o
 WORKERS = 2
 CONNECTIONS = 16
 
-OURS = """
-    import inference_server
-
-    @inference_server.plugin_hook
-    def model_fn(model_dir):
-        return "echo"
-
-    @inference_server.plugin_hook
-    def predict_fn(data, model):
-        return data
-"""
+#: Ours: the same echo plugin as v2.py's (a predict_fn that returns its input).
+OURS = v2.OURS
 
 #: The gRPC load generator: ``python - PORT SECONDS`` with the serialised request on stdin; prints requests/s.
 GRPC_LOAD = """

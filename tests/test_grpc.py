@@ -58,8 +58,12 @@ ARRAYS = {
 }
 
 
-def start(servers: Any, *args: str, env: dict[str, str] | None = None) -> tuple[Any, triton.InferenceServerClient]:
-    servers.plugin_site.add("echo_model", ECHO)
+def start(
+    servers: Any, *args: str, env: dict[str, str] | None = None, model: tuple[str, str] = ("echo_model", ECHO)
+) -> tuple[Any, triton.InferenceServerClient]:
+    """A server of ``model`` (plugin name, source) with --grpc-port on a free port (its ``grpc_port``), and a gRPC
+    client once that port answers."""
+    servers.plugin_site.add(*model)
     port = free_port()
     server = servers.start("--grpc-port", str(port), *args, env=env)
     server.grpc_port = port
@@ -263,11 +267,7 @@ def test_a_streamed_model_answers_modelstreaminfer_once_per_item(servers: Any) -
     """A generator predict_fn (Triton's decoupled model): each request of a ModelStreamInfer stream gets one
     response per item, in order, through tritonclient's stream; a generator that breaks ends its request with an
     error message and the stream goes on; ModelInfer says to call ModelStreamInfer."""
-    servers.plugin_site.add("counter", COUNTER)
-    port = free_port()
-    servers.start("--grpc-port", str(port))
-    client = triton.InferenceServerClient(f"127.0.0.1:{port}")
-    wait_until(lambda: _live(client), 10, "the gRPC port never answered")
+    _, client = start(servers, model=("counter", COUNTER))
     answers: queue.Queue[Any] = queue.Queue()
     client.start_stream(callback=lambda result, error: answers.put((result, error)))
     try:
@@ -293,11 +293,7 @@ def test_a_streamed_model_answers_modelstreaminfer_once_per_item(servers: Any) -
 def test_an_empty_final_response_ends_each_request_when_asked(servers: Any) -> None:
     """With tritonclient's enable_empty_final_response, a decoupled model's answers to a request end with an empty
     response flagged triton_final_response (its others flagged false), as Triton sends them."""
-    servers.plugin_site.add("counter", COUNTER)
-    port = free_port()
-    servers.start("--grpc-port", str(port))
-    client = triton.InferenceServerClient(f"127.0.0.1:{port}")
-    wait_until(lambda: _live(client), 10, "the gRPC port never answered")
+    _, client = start(servers, model=("counter", COUNTER))
     answers: queue.Queue[Any] = queue.Queue()
     client.start_stream(callback=lambda result, error: answers.put((result, error)))
     try:
@@ -318,10 +314,8 @@ def test_the_asyncio_client_streams_too(servers: Any) -> None:
 
     import tritonclient.grpc.aio as aio
 
-    servers.plugin_site.add("counter", COUNTER)
-    port = free_port()
-    servers.start("--grpc-port", str(port))
-    wait_until(lambda: _live(triton.InferenceServerClient(f"127.0.0.1:{port}")), 10, "the gRPC port never answered")
+    server, _ = start(servers, model=("counter", COUNTER))
+    port = server.grpc_port
 
     async def run() -> list[int]:
         async with aio.InferenceServerClient(f"127.0.0.1:{port}") as client:
@@ -367,11 +361,7 @@ GATED = """
 def test_sigterm_lets_an_open_stream_finish(backend: str, servers: Any, tmp_path: Path) -> None:
     """A ModelStreamInfer stream open when SIGTERM comes goes on to its last response; a new RPC meanwhile is
     UNAVAILABLE; then the server exits."""
-    servers.plugin_site.add("gated", GATED)
-    port = free_port()
-    server = servers.start("--grpc-port", str(port), "--server", backend, "--workers", "1")
-    client = triton.InferenceServerClient(f"127.0.0.1:{port}")
-    wait_until(lambda: _live(client), 10, "the gRPC port never answered")
+    server, client = start(servers, "--server", backend, "--workers", "1", model=("gated", GATED))
     gate = tmp_path / "gate"
     answers: queue.Queue[Any] = queue.Queue()
     client.start_stream(callback=lambda result, error: answers.put((result, error)))

@@ -317,7 +317,7 @@ class Front:
                 if media_type == GRPC_STREAM_TYPE:
                     not_final = _final_flag(False)
                     for response in wire.unframed(answer):
-                        yield wire._field_header(2, len(response) + len(not_final)) + response + not_final
+                        yield wire.field_header(2, len(response) + len(not_final)) + response + not_final
                     if _wants_empty_final(parsed.request):  # (the end of a decoupled model's answers, said)
                         final = message("ModelStreamInferResponse")()
                         final.infer_response.model_name = parsed.request.model_name
@@ -327,7 +327,7 @@ class Front:
                 else:
                     buffers = [*answer, _final_flag(True)]
                     size = sum(memoryview(buffer).nbytes for buffer in buffers)
-                    yield b"".join([wire._field_header(2, size), *buffers])
+                    yield b"".join([wire.field_header(2, size), *buffers])
             except Exception as exc:  # the model's stream broke (the app logged it): said, and the stream goes on
                 yield _stream_error(f"the model's stream failed: {exc}", request_id)
             finally:

@@ -254,11 +254,11 @@ def encode_response(
         response.outputs.add(name=name, datatype=datatype, shape=list(array.shape))
         data = _binary(name, datatype, array)
         size = memoryview(data).nbytes
-        tail += (_field_header(RAW_OUTPUTS, size), data)
+        tail += (field_header(RAW_OUTPUTS, size), data)
     return [response.SerializeToString(), *tail]
 
 
-def _field_header(field: int, length: int) -> bytes:
+def field_header(field: int, length: int) -> bytes:
     """The key and length of a length-delimited field."""
     out = bytearray([(field << 3) | _LENGTH_DELIMITED])
     while length >= 0x80:
