@@ -345,6 +345,45 @@ def test_a_model_loaded_through_the_api_counts_in_every_worker_even_with_no_work
     assert 30 * MB < models.machine_bytes() < 36 * MB
 
 
+def test_the_watcher_leaves_alone_a_model_this_worker_is_registering(tmp_path: Path) -> None:
+    """A worker's watcher that syncs while ``POST /models`` registers a model the worker has just loaded (loaded,
+    counted, not yet in the registry) leaves it loaded and counted: the load registers what it cost (16 MB, 32 for
+    two workers), not 0, and the machine's budget sees it (a watcher that dropped it let a second load past the
+    budget)."""
+    from inference_server import _plugins, plugin_hook
+    from inference_server._multimodel import MultiModel
+    from inference_server._registry import Registry
+    from inference_server._settings import Settings
+    from inference_server.wsgi._app import App
+
+    class Plugin:
+        @plugin_hook
+        def model_fn(self, model_dir: str) -> Any:
+            return np.ones(16 * MB // 8)
+
+    class Watched(Registry):
+        """The registry, the worker's watcher syncing just before each registration (the registry changed)."""
+
+        def add(self, name: str, url: str, private: int = 0) -> None:
+            models.sync()
+            super().add(name, url, private)
+
+        def version(self) -> int:
+            return time.monotonic_ns()
+
+    settings = Settings(model_dir=str(tmp_path), multi_model=True, allow_model_dir=(str(tmp_path),), workers=2)
+    app = App(settings, _plugins.build_manager([], [Plugin()]))
+    models = MultiModel(app.pipeline, app.settings, Watched(tmp_path / "registry"))
+    (tmp_path / "m").mkdir()
+    models.load("m", str(tmp_path / "m"))
+    found = models.registry.get("m")
+    assert found is not None
+    assert found.private > 15 * MB
+    assert models.account()[0] == 1
+    assert 30 * MB < models.machine_bytes() < 36 * MB
+    assert models.at_hand("m") is not None  # loaded here still
+
+
 def test_a_model_past_the_whole_budget_is_refused_without_unloading_others(
     servers: Any, plugin_site: Any, tmp_path: Path
 ) -> None:

@@ -128,6 +128,8 @@ class MultiModel:
         #: What each model held here cost this worker, and when it was last used (monotonic), by store key.
         self._costs: dict[tuple[str, str], Cost] = {}
         self._used: dict[tuple[str, str], float] = {}
+        #: The models ``POST /models`` is loading here and registering now: not registered yet, and not to be dropped.
+        self._registering: set[tuple[str, str]] = set()
         self._version = registry.version()
         self._watcher: threading.Thread | None = None
         #: Where this worker's loads, unloads and cache hits are counted (``--metrics``), else None.
@@ -141,15 +143,22 @@ class MultiModel:
         """Load ``name`` from the directory ``url`` here and register it for every worker (see the module's text)."""
         check_name(name)
         directory = self._directory(url)
+        key = ("api", name)
         try:
             with self.registry.claim(name):
                 if self.max_models and self.registry.count() > self.max_models:  # this load's claim counts
                     raise InsufficientStorage(
                         f"{self.max_models} models are loaded already (--max-models); unload one to load {name!r}"
                     )
-                self._load(("api", name), directory)
-                cost = self._costs.get(("api", name))
-                self.registry.add(name, url, cost.private if cost is not None else 0)
+                with self._lock:
+                    self._registering.add(key)
+                try:
+                    self._load(key, directory)
+                    cost = self._costs.get(key)
+                    self.registry.add(name, url, cost.private if cost is not None else 0)
+                finally:
+                    with self._lock:
+                        self._registering.discard(key)
         except Busy:
             raise Conflict(f"the model {name!r} is loaded already") from None
         logger.info("Multi-model: loaded %r from %s", name, url)
@@ -500,12 +509,14 @@ class MultiModel:
             self._drop(oldest, "evicted")
 
     def sync(self) -> None:
-        """Drop the models held here that are no longer registered."""
+        """Drop the models held here that are no longer registered (not one this worker is registering now)."""
         version = self.registry.version()
         if version == self._version:
             return
         registered = {model.name for model in self.registry.all()}
-        for key in list(self._costs):
+        with self._lock:
+            held = [key for key in self._costs if key not in self._registering]
+        for key in held:
             if key[0] == "api" and key[1] not in registered:
                 logger.info("Multi-model: %r was unloaded through another worker; unloading it here", key[1])
                 self._drop(key)
