@@ -99,6 +99,44 @@ def test_cancelled_call_gives_back_its_slot_once() -> None:
     slots.release()
 
 
+def test_a_slot_handed_over_stays_with_the_work_past_the_cancel() -> None:
+    """A slot handed over to work on another thread is not given back by the call's cancel (the work still runs and
+    gives it back when it ends); a call cancelled before the hand-over keeps nothing to hand over (Cancelled)."""
+    slots = threading.BoundedSemaphore(1)
+    call = _deadlines.Call()
+    call.take_slot(slots)
+    slot = call.hand_over()
+    assert call.cancel() == _deadlines.RUNNING
+    call.give_back()
+    assert not slots.acquire(blocking=False)  # the work holds it still
+    slot.release()
+    late = _deadlines.Call()
+    late.take_slot(slots)
+    late.cancel()
+    with pytest.raises(_deadlines.Cancelled):
+        late.hand_over()
+    assert slots.acquire(blocking=False)  # given back by the cancel, once
+    slots.release()
+
+
+def test_a_pace_runs_inline_after_a_streak_of_quick_calls_until_one_is_slow() -> None:
+    """A model's calls go inline after QUICK_STREAK quick ones in a row on the threads (a slow one restarts the
+    count), and back to the threads after one inline call slower than the pace's own threshold."""
+    pace = _deadlines.Pace(slow=0.02)
+    for _ in range(_deadlines.QUICK_STREAK - 1):
+        pace.timed(lambda: None)
+    pace.timed(lambda: time.sleep(0.002))
+    assert not pace.inline
+    for _ in range(_deadlines.QUICK_STREAK):
+        pace.timed(lambda: None)
+    assert pace.inline
+    assert pace.inline_call(lambda: time.sleep(0.01) or 7) == 7  # under its threshold: inline still
+    assert pace.inline
+    pace.inline_call(lambda: time.sleep(0.03))
+    assert not pace.inline
+    assert pace.streak == 0
+
+
 def test_cancelled_call_waiting_for_a_slot_does_not_keep_it() -> None:
     """A call cancelled while it waited for the model releases the slot it gets and stops."""
     slots = threading.BoundedSemaphore(1)

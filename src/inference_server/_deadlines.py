@@ -1,22 +1,23 @@
-"""Deadlines for a request's work, which runs on the HTTP server's own thread while one watchdog thread per process
+"""Deadlines for a request's work, served on the HTTP server's own thread while one watchdog thread per process
 keeps the time.
 
 A hook stuck in ``time.sleep`` or in native code cannot be interrupted on the thread that runs it, and interrupting
 it from outside (``PyThreadState_SetAsyncExc``) can leave a model half-updated and slows every thread while its
 target sits in native code. So work is never interrupted: the :class:`Watchdog` marks a call that overran its
-deadline answered (:meth:`Call.cancel`: its model slot is given back at once, so other requests go on), and the
-call stops itself at its next stage, raising :class:`Cancelled` (the request is answered 504, or 408 for a body that
-did not arrive in time, whose read the watchdog aborts). Work still running ``grace`` seconds after its deadline is
-reported stuck, and its worker process is replaced. Running the work inline saves the two thread switches per
-request a hand-off to a helper thread costs (about half of a small request's throughput); the price is that a hook
-that overruns is answered when it returns, not at the deadline, and a hook that never returns has its connection
-closed when its worker is replaced.
+deadline answered (:meth:`Call.cancel`), and work on the server's thread stops itself at its next stage, raising
+:class:`Cancelled` (the request is answered 504, or 408 for a body that did not arrive in time, whose read the
+watchdog aborts). Work still running ``grace`` seconds after its deadline is reported stuck, and its worker process
+is replaced.
 
-A :class:`Pool` of helper threads still runs what must be answered at its deadline whatever the work does:
-``ping_fn`` (``/ping`` answers within 2 s) and the chunks of a stream under ``--stream-timeout``. Helpers are kept
-and reused; one that overran is abandoned and rejoins the pool when its work ends. The work runs in a copy of the
-caller's ``contextvars`` context, so the request's context variables reach the hooks and nothing the work sets
-stays on the reused thread.
+The hooks of a model not known to be quick run on a :class:`Pool` helper (a model thread), which keeps the model
+slot (:meth:`Call.hand_over`) until they return, while the server's thread waits until the deadline and answers 504
+at it. A quick model's calls (:class:`Pace`) run inline instead: a hand-off costs two thread switches, about half of
+a small request's throughput; the price is that such a call, should it hang, is answered when it returns.
+
+Helpers also run what must be answered at its deadline whatever the work does: ``ping_fn`` (``/ping`` answers within
+2 s) and the chunks of a stream under ``--stream-timeout``. Helpers are kept and reused; one that overran is
+abandoned and rejoins the pool when its work ends. The work runs in a copy of the caller's ``contextvars`` context,
+so the request's context variables reach the hooks and nothing the work sets stays on the reused thread.
 """
 
 from __future__ import annotations
@@ -29,12 +30,26 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 logger = logging.getLogger("inference_server")
 
+_T = TypeVar("_T")
+
 #: The stages of a call, in order; a timeout says which one overran.
 READING, WAITING, RUNNING = "reading the request body", "waiting for the model", "running the hooks"
+
+#: A sync invocation this quick (seconds, handed to a model thread) counts towards running the model's calls inline
+#: (on the thread or loop that serves the request): :data:`QUICK_STREAK` such calls in a row.
+QUICK = 0.001
+QUICK_STREAK = 32
+#: An inline call slower than this (seconds) on an event loop sends the model's calls back to the model threads (it
+#: held the loop, and every request on it, that long).
+SLOW = 0.005
+#: The same on a thread of the server's own (granian's WSGI interface), where an inline call holds up no other
+#: request: only a hand-off's share of the call's time counts (about 30 us of 0.1 s), and a wall time measured on a
+#: loaded machine, descheduled meanwhile, must not send a quick model's calls back.
+SLOW_ON_THREAD = 0.1
 
 
 #: The model slots of a worker: a ``threading.Lock`` for one (C-level: a tenth of a ``BoundedSemaphore``'s cost per
@@ -45,6 +60,60 @@ Slots = threading.Semaphore | _thread.LockType
 def model_slots(count: int) -> Slots:
     """``count`` model slots."""
     return threading.Lock() if count == 1 else threading.BoundedSemaphore(count)
+
+
+class Pace:
+    """How quick one model's sync invocations are: whether they run inline, where a hand-off to a model thread and
+    back would cost more than the call (see :data:`QUICK`)."""
+
+    __slots__ = ("inline", "slow", "streak")
+
+    def __init__(self, slow: float = SLOW) -> None:
+        self.inline = False
+        self.streak = 0  # quick calls in a row on the model threads
+        #: An inline call slower than this (seconds) sends the calls back to the model threads.
+        self.slow = slow
+
+    def timed(self, function: Callable[[], _T]) -> _T:
+        """On a model thread: ``function()``, counted quick or not."""
+        began = time.perf_counter()
+        try:
+            return function()
+        finally:
+            if time.perf_counter() - began < QUICK:
+                self.streak += 1
+                if self.streak >= QUICK_STREAK:
+                    self.inline = True
+            else:
+                self.streak = 0
+
+    def inline_call(self, function: Callable[[], _T]) -> _T:
+        """``function()`` inline; one slower than :attr:`slow` sends the model's next calls back to the threads."""
+        began = time.perf_counter()
+        try:
+            return function()
+        finally:
+            if time.perf_counter() - began > self.slow:
+                self.inline, self.streak = False, 0
+
+
+class Paces:
+    """The :class:`Pace` of each model (by the model object's identity), forgotten in bulk past 10,000 (models come
+    and go on a multi-model endpoint)."""
+
+    __slots__ = ("_paces", "_slow")
+
+    def __init__(self, slow: float = SLOW) -> None:
+        self._paces: dict[int, Pace] = {}
+        self._slow = slow
+
+    def of(self, model: Any) -> Pace:
+        pace = self._paces.get(id(model))
+        if pace is None:
+            if len(self._paces) >= 10_000:
+                self._paces.clear()
+            pace = self._paces[id(model)] = Pace(self._slow)
+        return pace
 
 
 class Cancelled(BaseException):
@@ -117,6 +186,17 @@ class Call:
         if after_wait is not None:
             self.deadline, self.stuck = after_wait
         self.stage = RUNNING
+
+    def hand_over(self) -> Slots:
+        """The model slot, taken (:meth:`take_slot`), now the caller's to give back: work that runs on past the
+        call's 504 keeps it until it ends. :class:`Cancelled` if the call was answered meanwhile (its slot given
+        back by :meth:`cancel`)."""
+        with self._lock:
+            slot = self._slot
+            if self.cancelled or slot is None:
+                raise Cancelled
+            self._slot = None
+        return slot
 
     def give_back(self) -> None:
         """Give back the model slot if this call still holds it (idempotent; either thread may call it)."""
@@ -271,15 +351,18 @@ class Pool:
             self.size += 1
         return _Helper(self)
 
-    def run(self, work: Callable[[], Any], deadline: Callable[[], float]) -> Any:
-        """Run ``work`` on a helper thread; return its result or raise its exception.
+    def run(
+        self, work: Callable[[], Any], deadline: Callable[[], float], context: contextvars.Context | None = None
+    ) -> Any:
+        """Run ``work`` on a helper thread, in ``context`` (else a copy of this thread's); return its result or raise
+        its exception.
 
         ``deadline()`` gives the ``time.monotonic()`` by which the work must end; it is asked again whenever the
         wait ends, so it may move (a read deadline first, then the request's). Past it, :class:`TimedOut` is raised
         and the helper is abandoned: it rejoins the pool when its work ends.
         """
         helper = self._take()
-        helper.start(functools.partial(contextvars.copy_context().run, work))
+        helper.start(functools.partial((context or contextvars.copy_context()).run, work))
         while not helper.done.acquire(timeout=max(0.0, deadline() - time.monotonic())):
             if deadline() > time.monotonic():
                 continue  # the deadline moved on while we waited

@@ -52,13 +52,6 @@ _T = TypeVar("_T")
 #: endpoint. Started only when needed.
 HELPER_THREADS = 1024
 
-#: A sync invocation this quick (seconds, on a model thread) counts towards running the model's calls inline on the
-#: loop: :data:`QUICK_STREAK` such calls in a row, and its calls run inline while no model thread is busy.
-QUICK = 0.001
-QUICK_STREAK = 32
-#: An inline call slower than this (seconds) sends the model's calls back to the model threads.
-SLOW = 0.005
-
 #: How often the requests' deadlines are checked (seconds): a 408 or a 504 is answered at most about twice this late.
 TICK = 0.05
 
@@ -180,36 +173,14 @@ class _Deadlines:
         self._timer = self.loop.call_later(TICK, self._tick) if self._due and self.loop is not None else None
 
 
-class _Pace:
-    """How quick a model's sync invocations are: whether they run inline on the loop."""
-
-    __slots__ = ("inline", "streak")
-
-    def __init__(self) -> None:
-        self.inline = False
-        self.streak = 0  # quick calls in a row on the model threads
-
-    def timed(self, function: Callable[[], _T]) -> _T:
-        """On a model thread: ``function()``, counted quick or not."""
-        began = time.perf_counter()
-        try:
-            return function()
-        finally:
-            if time.perf_counter() - began < QUICK:
-                self.streak += 1
-                if self.streak >= QUICK_STREAK:
-                    self.inline = True
-            else:
-                self.streak = 0
-
-
 class AsyncLifecycle:
     """The life of an invocation on the event loop, for one app (see the module's text).
 
-    A model whose sync invocations are known to be quick (:data:`QUICK_STREAK` calls in a row under :data:`QUICK`
-    on the model threads) has them run inline on the loop while no model thread is busy (so two sync model calls
-    still never overlap): a hand-off to a thread and back costs more than such a call. One inline call slower than
-    :data:`SLOW` sends them back to the threads (it held the loop that long, as any hook on the loop would).
+    A model whose sync invocations are known to be quick (:data:`~inference_server._deadlines.QUICK_STREAK` calls in
+    a row under :data:`~inference_server._deadlines.QUICK` on the model threads) has them run inline on the loop
+    while no model thread is busy (so two sync model calls still never overlap): a hand-off to a thread and back
+    costs more than such a call. One inline call slower than :data:`~inference_server._deadlines.SLOW` sends them
+    back to the threads (it held the loop that long, as any hook on the loop would).
     """
 
     def __init__(self, lifecycle: Lifecycle) -> None:
@@ -219,7 +190,7 @@ class AsyncLifecycle:
         #: The model threads: sync hooks run here, ``--threads`` at once.
         self.models = concurrent.futures.ThreadPoolExecutor(settings.threads, "model")
         self._helpers = concurrent.futures.ThreadPoolExecutor(HELPER_THREADS, "helper")
-        self._paces: dict[int, _Pace] = {}
+        self._paces = _deadlines.Paces()
         self._deadlines = _Deadlines()
         #: Calls handed to the model threads and not finished (changed under the lock, from either side).
         self._busy = 0
@@ -433,19 +404,10 @@ class AsyncLifecycle:
             invoke = functools.partial(
                 pipeline.invoke, body, content_type, accept, model, None, True, framing, start, name
             )
-            pace = self._paces.get(id(model))
-            if pace is None:
-                if len(self._paces) >= 10_000:  # (models come and go on a multi-model endpoint)
-                    self._paces.clear()
-                pace = self._paces[id(model)] = _Pace()
+            pace = self._paces.of(model)
             if pace.inline and not self._busy:
                 work.stage = _deadlines.RUNNING
-                began = time.perf_counter()
-                try:
-                    output = invoke()
-                finally:
-                    if time.perf_counter() - began > SLOW:
-                        pace.inline, pace.streak = False, 0
+                output = pace.inline_call(invoke)
             else:
                 output = await self.on_model_thread(pace.timed, invoke, work=work)
         if output.stream is not None:

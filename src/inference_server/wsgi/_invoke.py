@@ -8,6 +8,7 @@ answer (leaving the drain's count) runs when the server closes that body, so tha
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import functools
 import logging
@@ -17,8 +18,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
-from inference_server import _deadlines, batching, codecs, metrics
-from inference_server._pipeline import Framing, Pipeline, Stream
+from inference_server import _deadlines, _loop, batching, codecs, metrics
+from inference_server._pipeline import Framing, Output, Pipeline, Stream
 from inference_server._settings import Settings
 from inference_server.errors import GatewayTimeout, HookError, RequestTimeout, ServiceUnavailable
 from inference_server.wsgi._body import PEP_3333, Reading, read_body
@@ -194,6 +195,9 @@ class Lifecycle:
         self._watchdog = _deadlines.Watchdog(RECYCLE_GRACE)
         #: Helper threads for the chunks of streams under ``--stream-timeout``.
         self._helpers = _deadlines.Pool("stream")
+        #: The model threads: the hooks of a model not known to be quick run there, under the deadline.
+        self._models = _deadlines.Pool("model")
+        self._paces = _deadlines.Paces(_deadlines.SLOW_ON_THREAD)
         self._told_no_content_type = False
 
     def invoke(self, request: Request, target: Target, framing: Framing | None = None) -> Reply:
@@ -357,18 +361,56 @@ class Lifecycle:
                 )
         else:
             call.take_slot(self._model_slots)
-            try:
-                output = pipeline.invoke(
-                    body, content_type, accept, model, streamed=True, framing=framing, arrived=start, name=name
-                )
-            finally:
-                call.give_back()
+            invoke = functools.partial(
+                pipeline.invoke, body, content_type, accept, model, None, True, framing, start, name
+            )
+            pace = self._paces.of(model)
+            if pace.inline or call.deadline == math.inf:
+                try:
+                    output = pace.inline_call(invoke)
+                finally:
+                    call.give_back()
+            else:
+                output = self._on_model_thread(invoke, pace, call, request)
         if output.stream is not None:
             deadline = start + self.settings.stream_timeout if self.settings.stream_timeout else None
             streamed = Streamed(output.buffers, output.stream, self, request, deadline)
             return 200, [("Content-Type", output.media_type), *output.headers], streamed
         headers = [("Content-Type", output.media_type), ("Content-Length", str(output.nbytes)), *output.headers]
         return 200, headers, output.buffers
+
+    def _on_model_thread(
+        self, invoke: Callable[[], Output], pace: _deadlines.Pace, call: _deadlines.Call, request: Request
+    ) -> Output:
+        """``invoke()`` (the hooks) on a model thread, holding the call's model slot until it ends; this thread waits
+        until the call's deadline, then stops waiting (:class:`Cancelled`: the 504) while the hooks run on, and the
+        worker is replaced if they still run ``RECYCLE_GRACE`` seconds later."""
+        slot = call.hand_over()
+        ran = False
+
+        def work() -> Output:
+            nonlocal ran
+            ran = True
+            try:
+                return pace.timed(invoke)
+            finally:
+                slot.release()
+
+        context = contextvars.copy_context()
+        try:
+            output: Output = self._models.run(work, lambda: call.deadline, context)
+        except _deadlines.TimedOut as exc:
+            call.cancel()
+            timer = threading.Timer(RECYCLE_GRACE, self._recycle_if_stuck, (exc.helper, request.request_id))
+            timer.daemon = True
+            timer.start()
+            raise _deadlines.Cancelled from None
+        except BaseException:
+            if not ran:  # (no thread to run it: the slot was never the work's)
+                slot.release()
+            raise
+        _loop.carry(context)
+        return output
 
     def no_content_type(self) -> str:
         """The media type of a body sent without ``Content-Type``: bytes, with a hint in the log once per worker."""
