@@ -195,13 +195,15 @@ def test_a_hook_that_blocks_the_loop_is_named_once(on_loop: tuple[str, ...], plu
     assert "predict_fn" in warned[0]
 
 
+@pytest.mark.parametrize("batching", [(), ("--max-batch-size", "4")], ids=["alone", "micro-batched"])
 def test_the_504_comes_at_the_deadline_and_a_stuck_worker_is_replaced(
-    at_the_deadline: tuple[str, ...], plugin_site: Any, servers: Any
+    at_the_deadline: tuple[str, ...], batching: tuple[str, ...], plugin_site: Any, servers: Any
 ) -> None:
-    """A sync predict_fn sleeping 12 s under --timeout 2 is answered 504 before its sleep ends; still running 2 s
-    later, its worker is replaced, and the next request is served before that sleep would have ended."""
+    """A sync predict_fn sleeping 12 s under --timeout 2 is answered 504 before its sleep ends, alone or as a
+    micro-batch's group; still running 2 s later, its worker is replaced, and the next request is served before that
+    sleep would have ended."""
     plugin_site.add("sleeper", SLEEPER)
-    server = servers.start(*at_the_deadline, "--timeout", "2", "--threads", "1")
+    server = servers.start(*at_the_deadline, "--timeout", "2", "--threads", "1", *batching)
     started = time.monotonic()
     answer = _post(server, {"sleep": 12})
     assert answer.status == 504
@@ -391,10 +393,11 @@ def test_micro_batched_requests_wait_on_the_loop(
 
 
 def test_a_micro_batched_request_past_its_deadline_never_runs(
-    on_loop: tuple[str, ...], plugin_site: Any, servers: Any, tmp_path: Path
+    at_the_deadline: tuple[str, ...], plugin_site: Any, servers: Any, tmp_path: Path
 ) -> None:
-    """--timeout 1, one model thread busy for 2.5 s: requests queued for a group are answered 504 at their deadline
-    ("waiting for the model"), leave the queue, and never reach predict_fn."""
+    """--timeout 1, one model thread busy for 2.5 s: the request it runs for is answered 504 before it ends;
+    requests queued for a group are answered 504 at their deadline ("waiting for the model"), leave the queue, and
+    never reach predict_fn."""
     calls = tmp_path / "calls"
     plugin_site.add("logged", f"""
         import time
@@ -408,8 +411,9 @@ def test_a_micro_batched_request_past_its_deadline_never_runs(
             time.sleep(data[0][1])
             return data
     """)  # fmt: skip
-    server = servers.start(*on_loop, "--max-batch-size", "2", "--threads", "1", "--timeout", "1")
+    server = servers.start(*at_the_deadline, "--max-batch-size", "2", "--threads", "1", "--timeout", "1")
     with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        started = time.monotonic()
         busy = pool.submit(_post, server, [[0, 2.5]])
         wait_until(calls.exists, 10, "the busy call did not begin")
         queued = [pool.submit(_post, server, [[i, 0]]) for i in (1, 2)]
@@ -417,6 +421,7 @@ def test_a_micro_batched_request_past_its_deadline_never_runs(
             assert answer.result().status == 504
             assert "waiting for the model" in orjson.loads(answer.result().body)["message"]
         assert busy.result().status == 504
+        assert time.monotonic() - started < 2.5
     wait_until(lambda: _post(server, [[3, 0]]).status == 200, 10, "no request was served once the model was free")
     assert calls.read_text().split() == ["1", "1"]  # the busy call and the last: the queued ones never ran
 

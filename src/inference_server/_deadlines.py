@@ -46,10 +46,11 @@ QUICK_STREAK = 32
 #: An inline call slower than this (seconds) on an event loop sends the model's calls back to the model threads (it
 #: held the loop, and every request on it, that long).
 SLOW = 0.005
-#: The same on a thread of the server's own (granian's WSGI interface), where an inline call holds up no other
-#: request: only a hand-off's share of the call's time counts (about 30 us of 0.1 s), and a wall time measured on a
-#: loaded machine, descheduled meanwhile, must not send a quick model's calls back.
-SLOW_ON_THREAD = 0.1
+#: Both on a thread of the server's own (granian's WSGI interface), where an inline call holds up no other request
+#: and the hand-off serves only the deadline: a call under this counts as quick, one over it sends the calls back.
+#: A hand-off costs about 30 us, nothing beside such a call; and a wall time stretched by a loaded machine (the thread
+#: descheduled meanwhile) does not send a quick model's calls back.
+ON_THREAD = 0.1
 
 
 #: The model slots of a worker: a ``threading.Lock`` for one (C-level: a tenth of a ``BoundedSemaphore``'s cost per
@@ -66,11 +67,13 @@ class Pace:
     """How quick one model's sync invocations are: whether they run inline, where a hand-off to a model thread and
     back would cost more than the call (see :data:`QUICK`)."""
 
-    __slots__ = ("inline", "slow", "streak")
+    __slots__ = ("inline", "quick", "slow", "streak")
 
-    def __init__(self, slow: float = SLOW) -> None:
+    def __init__(self, quick: float = QUICK, slow: float = SLOW) -> None:
         self.inline = False
         self.streak = 0  # quick calls in a row on the model threads
+        #: A call on a model thread quicker than this (seconds) counts towards running the calls inline.
+        self.quick = quick
         #: An inline call slower than this (seconds) sends the calls back to the model threads.
         self.slow = slow
 
@@ -80,7 +83,7 @@ class Pace:
         try:
             return function()
         finally:
-            if time.perf_counter() - began < QUICK:
+            if time.perf_counter() - began < self.quick:
                 self.streak += 1
                 if self.streak >= QUICK_STREAK:
                     self.inline = True
@@ -97,22 +100,23 @@ class Pace:
                 self.inline, self.streak = False, 0
 
 
-class Paces:
-    """The :class:`Pace` of each model (by the model object's identity), forgotten in bulk past 10,000 (models come
-    and go on a multi-model endpoint)."""
+class Paces(dict[int, Pace]):
+    """The :class:`Pace` of each model, by the model object's identity (``get(id(model))``, a lookup, on the hot
+    path), forgotten in bulk past 10,000 (models come and go on a multi-model endpoint)."""
 
-    __slots__ = ("_paces", "_slow")
+    __slots__ = ("_quick", "_slow")
 
-    def __init__(self, slow: float = SLOW) -> None:
-        self._paces: dict[int, Pace] = {}
-        self._slow = slow
+    def __init__(self, quick: float = QUICK, slow: float = SLOW) -> None:
+        super().__init__()
+        self._quick, self._slow = quick, slow
 
     def of(self, model: Any) -> Pace:
-        pace = self._paces.get(id(model))
+        """``model``'s pace, made on first use."""
+        pace = self.get(id(model))
         if pace is None:
-            if len(self._paces) >= 10_000:
-                self._paces.clear()
-            pace = self._paces[id(model)] = Pace(self._slow)
+            if len(self) >= 10_000:
+                self.clear()
+            pace = self[id(model)] = Pace(self._quick, self._slow)
         return pace
 
 
@@ -302,6 +306,8 @@ class _Helper:
         self.result: Any = None
         self.error: BaseException | None = None
         self.abandoned = False
+        #: Work started by :meth:`Pool.spawn`: nobody waits for it.
+        self.detached = False
         self._go = threading.Lock()
         self._go.acquire()
         self.done = threading.Lock()
@@ -324,11 +330,12 @@ class _Helper:
 
     def _finish(self) -> None:
         with self.pool.lock:
-            if not self.abandoned:
+            if not (self.abandoned or self.detached):
                 self.done.release()
                 return
-            self.abandoned = False  # nobody waits for this result: clean up and serve again
-            self.pool.overrunning -= 1
+            if self.abandoned:
+                self.pool.overrunning -= 1
+            self.abandoned = self.detached = False  # nobody waits for this result: clean up and serve again
             self.work = self.result = self.error = None
             self.pool.idle.append(self)
 
@@ -350,6 +357,13 @@ class Pool:
                 return self.idle.pop()
             self.size += 1
         return _Helper(self)
+
+    def spawn(self, work: Callable[[], Any]) -> None:
+        """Start ``work`` on a helper thread, in a copy of this thread's context, and return: nobody waits for it
+        (what it raises is dropped), and the helper rejoins the pool when it ends."""
+        helper = self._take()
+        helper.detached = True
+        helper.start(functools.partial(contextvars.copy_context().run, work))
 
     def run(
         self, work: Callable[[], Any], deadline: Callable[[], float], context: contextvars.Context | None = None

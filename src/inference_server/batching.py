@@ -320,21 +320,34 @@ class Batcher:
             self._coming -= 1
             self._wake_head()
 
-    def predict(self, data: Any, model: Any, call: Call | None = None, *, coming: Coming | None = None) -> Any:
+    def predict(
+        self,
+        data: Any,
+        model: Any,
+        call: Call | None = None,
+        *,
+        coming: Coming | None = None,
+        hand_off: Callable[[list[_Input], Callable[[], None]], None] | None = None,
+    ) -> Any:
         """The prediction for one request's input, computed with those of other requests where they can be joined.
 
         Raises what ``predict_fn`` raised for this input, :class:`ServiceUnavailable` when the queue is full, and
         :class:`Cancelled` when the request was answered while it waited. ``coming``: what :meth:`coming` gave the
-        request before ``input_fn``.
+        request before ``input_fn``. The thread that forms a group runs it, or, given ``hand_off(group, run)``,
+        has that run it (``run()`` on this thread, or handed to a model thread): then a request answered while its
+        group runs (its deadline) stops waiting too, and the group runs on without it.
         """
         item = self._input(data, model, call)
         with self._lock:
             self._admit(item, coming)
         while True:
-            group = self._wait(item)
+            group = self._wait(item, leave=hand_off is not None)
             if group is None:
                 break
-            self._run_and_end(group)
+            if hand_off is None:
+                self._run_and_end(group)
+            else:
+                hand_off(group, functools.partial(self._run_and_end, group))
         return self._answer(item)
 
     async def apredict(
@@ -480,16 +493,18 @@ class Batcher:
                 if member.holder is not None:
                     member.holder.future = future
 
-    def _wait(self, item: _Input) -> list[_Input] | None:
-        """Wait until ``item`` is done (None) or this thread may run a group (taken from the queue, with a slot)."""
+    def _wait(self, item: _Input, leave: bool = False) -> list[_Input] | None:
+        """Wait until ``item`` is done (None) or this thread may run a group (taken from the queue, with a slot);
+        :class:`Cancelled` once its request was answered while it was queued (``leave``: or while its group ran)."""
         while not item.done:  # (set before its poke, with the lock held)
             with self._lock:
                 if item.done:
                     break
-                if item.answered and item.queued:
-                    self._queue.remove(item)
-                    item.queued = False
-                    self._wake_head()
+                if item.answered and (item.queued or leave):
+                    if item.queued:
+                        self._queue.remove(item)
+                        item.queued = False
+                        self._wake_head()
                     raise Cancelled
                 wait = _POLL
                 if self._free and item.queued:

@@ -197,7 +197,10 @@ class Lifecycle:
         self._helpers = _deadlines.Pool("stream")
         #: The model threads: the hooks of a model not known to be quick run there, under the deadline.
         self._models = _deadlines.Pool("model")
-        self._paces = _deadlines.Paces(_deadlines.SLOW_ON_THREAD)
+        self._paces = _deadlines.Paces(_deadlines.ON_THREAD, _deadlines.ON_THREAD)
+        #: Threads for the micro-batches' groups of a model not known to be quick (at most ``--threads`` at once:
+        #: a group holds one of the batcher's slots).
+        self._groups = _deadlines.Pool("group")
         self._told_no_content_type = False
 
     def invoke(self, request: Request, target: Target, framing: Framing | None = None) -> Reply:
@@ -353,7 +356,10 @@ class Lifecycle:
         accept = environ.get("HTTP_ACCEPT") or "*/*"
         name = environ.get(MODEL, "")
         if target.batcher is not None:
-            output = _batched(pipeline, target.batcher, body, content_type, accept, model, call, framing, start, name)
+            hand_off = None if call is None else functools.partial(self._hand_off_group, model, request)
+            output = _batched(
+                pipeline, target.batcher, body, content_type, accept, model, call, framing, start, name, hand_off
+            )
         elif call is None:
             with self._model_slots:
                 output = pipeline.invoke(
@@ -361,16 +367,21 @@ class Lifecycle:
                 )
         else:
             call.take_slot(self._model_slots)
-            invoke = functools.partial(
-                pipeline.invoke, body, content_type, accept, model, None, True, framing, start, name
-            )
-            pace = self._paces.of(model)
-            if pace.inline or call.deadline == math.inf:
+            pace = self._paces.get(id(model)) or self._paces.of(model)
+            if pace.inline or call.deadline == math.inf:  # (written out: the common case, for a quick model)
+                began = time.perf_counter()
                 try:
-                    output = pace.inline_call(invoke)
+                    output = pipeline.invoke(
+                        body, content_type, accept, model, streamed=True, framing=framing, arrived=start, name=name
+                    )
                 finally:
                     call.give_back()
+                    if time.perf_counter() - began > pace.slow:
+                        pace.inline, pace.streak = False, 0
             else:
+                invoke = functools.partial(
+                    pipeline.invoke, body, content_type, accept, model, None, True, framing, start, name
+                )
                 output = self._on_model_thread(invoke, pace, call, request)
         if output.stream is not None:
             deadline = start + self.settings.stream_timeout if self.settings.stream_timeout else None
@@ -411,6 +422,38 @@ class Lifecycle:
             raise
         _loop.carry(context)
         return output
+
+    def _hand_off_group(self, model: Any, request: Request, group: list[Any], run: Callable[[], None]) -> None:
+        """Run a micro-batch's group formed on this thread: here while the model's calls are known to be quick;
+        else on a model thread, watched until it ends (still running ``RECYCLE_GRACE`` seconds past its members'
+        last deadline, the worker is replaced), this thread going back to wait for its own input's answer."""
+        pace = self._paces.get(id(model)) or self._paces.of(model)
+        if pace.inline:
+            pace.inline_call(run)
+            return
+        deadlines = [member.call.deadline for member in group if member.call is not None]
+        watched = _deadlines.Call(deadline=max(deadlines, default=math.inf), stuck=self._recycle_group,
+                                  context=request.request_id)  # fmt: skip
+        watched.stage = _deadlines.RUNNING
+
+        def group_run() -> None:
+            try:
+                pace.timed(run)
+            except BaseException:
+                logger.exception("Micro-batching: a group failed")
+            finally:
+                self._watchdog.unwatch(watched)
+
+        self._watchdog.watch(watched)
+        try:
+            self._groups.spawn(group_run)
+        except RuntimeError:  # (no thread can be started: the process is going down) run it here
+            self._watchdog.unwatch(watched)
+            run()
+
+    def _recycle_group(self, request_id: str) -> None:
+        """The watchdog's report of a micro-batch's group (formed by ``request_id``) still running past its grace."""
+        self.recycle(request_id)
 
     def no_content_type(self) -> str:
         """The media type of a body sent without ``Content-Type``: bytes, with a hint in the log once per worker."""
@@ -468,12 +511,15 @@ def _batched(
     framing: Framing | None,
     arrived: float,
     name: str,
+    hand_off: Callable[[list[Any], Callable[[], None]], None] | None = None,
 ) -> Any:
-    """The hooks with ``predict_fn`` run by the batcher: ``input_fn`` and ``output_fn`` on this thread."""
+    """The hooks with ``predict_fn`` run by the batcher: ``input_fn`` and ``output_fn`` on this thread; a group this
+    thread forms runs here unless ``hand_off`` takes it (:meth:`Batcher.predict <inference_server.batching.Batcher.
+    predict>`)."""
     with batcher.coming() as coming:
 
         def predict(data: Any) -> Any:
-            return batcher.predict(data, model, call, coming=coming)
+            return batcher.predict(data, model, call, coming=coming, hand_off=hand_off)
 
         return pipeline.invoke(
             body, content_type, accept, model, predict, streamed=True, framing=framing, arrived=arrived, name=name
