@@ -432,7 +432,7 @@ class Lifecycle:
             pace.inline_call(run)
             return
         deadlines = [member.call.deadline for member in group if member.call is not None]
-        watched = _deadlines.Call(deadline=max(deadlines, default=math.inf), stuck=self._recycle_group,
+        watched = _deadlines.Call(deadline=max(deadlines, default=math.inf), stuck=self.recycle,
                                   context=request.request_id)  # fmt: skip
         watched.stage = _deadlines.RUNNING
 
@@ -450,10 +450,6 @@ class Lifecycle:
         except RuntimeError:  # (no thread can be started: the process is going down) run it here
             self._watchdog.unwatch(watched)
             run()
-
-    def _recycle_group(self, request_id: str) -> None:
-        """The watchdog's report of a micro-batch's group (formed by ``request_id``) still running past its grace."""
-        self.recycle(request_id)
 
     def no_content_type(self) -> str:
         """The media type of a body sent without ``Content-Type``: bytes, with a hint in the log once per worker."""
