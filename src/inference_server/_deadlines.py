@@ -96,8 +96,13 @@ class Pace:
         try:
             return function()
         finally:
-            if time.perf_counter() - began > self.slow:
-                self.inline, self.streak = False, 0
+            self.ended_inline(began)
+
+    def ended_inline(self, began: float) -> None:
+        """An inline call that began at ``began`` (``time.perf_counter()``) ended: one slower than :attr:`slow`
+        sends the model's next calls back to the threads."""
+        if time.perf_counter() - began > self.slow:
+            self.inline, self.streak = False, 0
 
 
 class Paces(dict[int, Pace]):

@@ -195,12 +195,10 @@ class Lifecycle:
         self._watchdog = _deadlines.Watchdog(RECYCLE_GRACE)
         #: Helper threads for the chunks of streams under ``--stream-timeout``.
         self._helpers = _deadlines.Pool("stream")
-        #: The model threads: the hooks of a model not known to be quick run there, under the deadline.
+        #: The model threads: the hooks, or the micro-batches' groups, of a model not known to be quick run there,
+        #: under the deadline (at most ``--threads`` at once: each holds a model slot or a batcher's slot).
         self._models = _deadlines.Pool("model")
         self._paces = _deadlines.Paces(_deadlines.ON_THREAD, _deadlines.ON_THREAD)
-        #: Threads for the micro-batches' groups of a model not known to be quick (at most ``--threads`` at once:
-        #: a group holds one of the batcher's slots).
-        self._groups = _deadlines.Pool("group")
         self._told_no_content_type = False
 
     def invoke(self, request: Request, target: Target, framing: Framing | None = None) -> Reply:
@@ -376,8 +374,7 @@ class Lifecycle:
                     )
                 finally:
                     call.give_back()
-                    if time.perf_counter() - began > pace.slow:
-                        pace.inline, pace.streak = False, 0
+                    pace.ended_inline(began)
             else:
                 invoke = functools.partial(
                     pipeline.invoke, body, content_type, accept, model, None, True, framing, start, name
@@ -427,7 +424,7 @@ class Lifecycle:
         """Run a micro-batch's group formed on this thread: here while the model's calls are known to be quick;
         else on a model thread, watched until it ends (still running ``RECYCLE_GRACE`` seconds past its members'
         last deadline, the worker is replaced), this thread going back to wait for its own input's answer."""
-        pace = self._paces.get(id(model)) or self._paces.of(model)
+        pace = self._paces.of(model)
         if pace.inline:
             pace.inline_call(run)
             return
@@ -446,7 +443,7 @@ class Lifecycle:
 
         self._watchdog.watch(watched)
         try:
-            self._groups.spawn(group_run)
+            self._models.spawn(group_run)
         except RuntimeError:  # (no thread can be started: the process is going down) run it here
             self._watchdog.unwatch(watched)
             run()
