@@ -366,6 +366,8 @@ class App:
             return handler(request)  # type: ignore[operator]
         if self._on_loop is not None:
             return self._on_loop.dispatch(handler, request)
+        if handler.target is not None:
+            return self.lifecycle.invoke(request, handler.target(request))
         status, headers, body = at_once(handler.function(request, functools.partial(self._invoke_now, request)))
         if type(body) is not list and not isinstance(body, Iterable):  # (a Piecewise may be both: Runtime's)
             raise TypeError("an invoking route answered with an event loop's stream on the WSGI path")

@@ -17,8 +17,8 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from inference_server.errors import BadRequest
-from inference_server.wsgi._invoke import MODEL
-from inference_server.wsgi._replies import Answer, Invoke, Invoking, Reply, Request, json_reply
+from inference_server.wsgi._invoke import MODEL, Target
+from inference_server.wsgi._replies import Invoking, Reply, Request, json_reply
 
 if TYPE_CHECKING:
     from inference_server._multimodel import MultiModel
@@ -40,7 +40,7 @@ def register(app: Service) -> None:
     app.route("/models", handlers.load, "POST")
     app.route("/models/{name}", handlers.describe)
     app.route("/models/{name}", handlers.unload, "DELETE")
-    app.route("/models/{name}/invoke", Invoking(handlers.invoke), "POST")
+    app.route("/models/{name}/invoke", Invoking.of(handlers.target), "POST")
 
 
 class _Handlers:
@@ -67,10 +67,11 @@ class _Handlers:
         self.models.unload(name)
         return json_reply(200, {"status": f"Model {name!r} unloaded"})
 
-    async def invoke(self, request: Request, invoke: Invoke) -> Answer:
+    def target(self, request: Request) -> Target:
+        """What ``/models/{name}/invoke`` invokes."""
         name = request.params["name"]
         request.environ[MODEL] = name
-        return await invoke(self.app.model_target(name))
+        return self.app.model_target(name)
 
 
 def _text(fields: dict[str, Any], field: str) -> str:

@@ -9,7 +9,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from inference_server import codecs
-from inference_server.wsgi._replies import Answer, Invoke, Invoking, Reply, Request, json_reply
+from inference_server.wsgi._replies import Invoking, Reply, Request, json_reply
 
 if TYPE_CHECKING:
     from inference_server.wsgi._service import Service
@@ -23,7 +23,7 @@ def register(app: Service) -> None:
     """Add the contract's routes to ``app``."""
     handlers = _Handlers(app)
     app.route("/ping", handlers.ping)
-    app.route("/invocations", Invoking(handlers.invocations), "POST")
+    app.route("/invocations", Invoking.of(app.invoked), "POST")
     app.route("/execution-parameters", handlers.execution_parameters)
     app.route("/openapi.json", handlers.openapi)
 
@@ -48,9 +48,6 @@ class _Handlers:
         if accept is None or not codecs.quality(accept, "application/json"):
             return 503, list(_EMPTY), []
         return json_reply(503, {"message": reason, "request_id": request.request_id, "status": 503})
-
-    async def invocations(self, request: Request, invoke: Invoke) -> Answer:
-        return await invoke(self.app.invoked(request))
 
     def execution_parameters(self, request: Request) -> Reply:
         return json_reply(200, self.app.pipeline.execution_parameters)
