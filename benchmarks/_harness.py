@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
@@ -58,10 +59,18 @@ def legacy_python() -> Path:
 class Server:
     """A server command on a free port, ready when ``path`` answers."""
 
-    def __init__(self, name: str, command: list[str], port: int, env: dict[str, str], ready_path: str = "/ping"):
+    def __init__(
+        self,
+        name: str,
+        command: list[str],
+        port: int,
+        env: dict[str, str],
+        ready_path: str = "/ping",
+        stdin: IO[bytes] | None = None,
+    ):
         self.name, self.port = name, port
         self.log = tempfile.NamedTemporaryFile(prefix=f"bench-{name}-", suffix=".log", delete=False)  # noqa: SIM115
-        self.process = subprocess.Popen(command, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        self.process = subprocess.Popen(command, env=env, stdin=stdin, stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -121,9 +130,14 @@ class Server:
 
 @contextlib.contextmanager
 def running(
-    name: str, command: list[str], port: int, env: dict[str, str], ready_path: str = "/ping"
+    name: str,
+    command: list[str],
+    port: int,
+    env: dict[str, str],
+    ready_path: str = "/ping",
+    stdin: IO[bytes] | None = None,
 ) -> Iterator[Server]:
-    server = Server(name, command, port, env, ready_path)
+    server = Server(name, command, port, env, ready_path, stdin)
     try:
         yield server
     finally:

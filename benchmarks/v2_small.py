@@ -15,6 +15,10 @@ workers: ours ``--workers 2``, Triton two model instances, KServe ``--workers 2`
   tensor contents; its answers are read but not decoded. On 2 cores the generator shares the machine with the
   server, as wrk does, and it is the same for every server.
 
+Two more gRPC contenders are the floor of any Python server on grpcio: ``bare grpcio sync`` (grpcio's thread-pool
+server, as ours runs) and ``bare grpcio aio`` (``grpc.aio``, as KServe and MLServer run), two processes each on the
+port, answering every ModelInfer with the echo's response serialised once: no decoding, no model, no app.
+
 Every contender's first answer is checked (the echo equals the request, over each transport). Rounds alternate the
 contenders in a rotating order after a warm-up; medians of the rounds are printed with their min-max, and the
 issue's targets: ours >= 1.0x KServe and MLServer, and >= 1.3x Triton's Python backend, on every transport. The
@@ -31,8 +35,11 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import _harness as h
 import _peers
@@ -116,6 +123,101 @@ def lua(body: bytes, header_length: int | None) -> str:
     extra = f'wrk.headers["Inference-Header-Content-Length"] = "{header_length}"\n' if header_length is not None else ""
     content_type = "application/octet-stream" if header_length is not None else "application/json"
     return f'wrk.method = "POST"\nwrk.body = "{escaped}"\nwrk.headers["Content-Type"] = "{content_type}"\n{extra}'
+
+
+#: The floor of any server on grpcio: ``python - HTTP_PORT GRPC_PORT KIND`` runs ``WORKERS`` processes of a bare grpcio
+#: server (``sync``: grpcio's thread-pool server, as ours runs; ``aio``: ``grpc.aio``, as KServe and MLServer run)
+#: on the gRPC port (SO_REUSEPORT, grpcio's default), each answering every ModelInfer with the echo's response
+#: serialised once (the hex on stdin), no decoding, no model; the HTTP port answers the harness's readiness check.
+BARE_GRPC = """
+    import asyncio
+    import concurrent.futures
+    import http.server
+    import multiprocessing
+    import sys
+    import threading
+
+    import grpc
+
+    http_port, grpc_port, kind = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+    answer = bytes.fromhex(sys.stdin.read())
+    SERVICE = "inference.GRPCInferenceService"
+
+
+    def handler():
+        method = grpc.unary_unary_rpc_method_handler(answer_aio if kind == "aio" else answer_sync)
+        return grpc.method_handlers_generic_handler(SERVICE, {"ModelInfer": method})
+
+
+    def answer_sync(request, context):
+        return answer
+
+
+    async def answer_aio(request, context):
+        return answer
+
+
+    async def serve_aio():
+        server = grpc.aio.server()
+        server.add_generic_rpc_handlers((handler(),))
+        server.add_insecure_port(f"127.0.0.1:{grpc_port}")
+        await server.start()
+        await server.wait_for_termination()
+
+
+    def serve():
+        if kind == "aio":
+            asyncio.run(serve_aio())
+            return
+        server = grpc.server(concurrent.futures.ThreadPoolExecutor(61))  # as ours: --threads 1 + 60
+        server.add_generic_rpc_handlers((handler(),))
+        server.add_insecure_port(f"127.0.0.1:{grpc_port}")
+        server.start()
+        server.wait_for_termination()
+
+
+    class Ready(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+
+    if __name__ == "__main__":
+        workers = [multiprocessing.Process(target=serve, daemon=True) for _ in range(WORKERS)]
+        for worker in workers:
+            worker.start()
+        http.server.HTTPServer(("127.0.0.1", http_port), Ready).serve_forever()
+"""
+
+
+@contextlib.contextmanager
+def bare_grpc(kind: str) -> Iterator[h.Server]:
+    """A bare grpcio server of ``kind`` (see :data:`BARE_GRPC`), its processes stopped on leaving."""
+    port, grpc_port = h.free_port(), h.free_port()
+    code = textwrap.dedent(BARE_GRPC).replace("WORKERS", str(WORKERS))
+    with tempfile.TemporaryDirectory() as directory:
+        script = Path(directory) / "bare_grpc.py"
+        script.write_text(code)
+        with tempfile.TemporaryFile() as answer:
+            answer.write(echo_response().hex().encode())
+            answer.seek(0)
+            command = [sys.executable, str(script), str(port), str(grpc_port), kind]
+            with h.running(f"bare grpcio {kind}", command, port, h.base_env(), "/", stdin=answer) as server:
+                server.grpc_port = grpc_port  # type: ignore[attr-defined]
+                yield server
+
+
+def echo_response() -> bytes:
+    """The ModelInferResponse of the echo of :func:`grpc_request`, serialised."""
+    response = service_pb2.ModelInferResponse(model_name=MODEL)
+    for name, array in INPUTS.items():
+        response.outputs.add(name=name, datatype="INT32", shape=[1, 16])
+        response.raw_output_contents.append(array.tobytes())
+    return response.SerializeToString()  # type: ignore[no-any-return]
 
 
 def check(name: str, port: int, grpc_port: int, binary: bool) -> None:
@@ -203,6 +305,8 @@ def main() -> None:
             if binary:
                 contenders[f"{name} HTTP binary"] = ("binary", server)
             contenders[f"{name} gRPC"] = ("grpc", server)
+        for kind in ("sync", "aio"):
+            contenders[f"bare grpcio {kind} gRPC"] = ("grpc", stack.enter_context(bare_grpc(kind)))
         notes.append("MLServer refuses Triton's binary tensors (HTTP 422): no HTTP binary row for it")
         print("; ".join(notes), flush=True)
         url_path = f"/v2/models/{MODEL}/infer"
@@ -243,6 +347,11 @@ def main() -> None:
                 f"  ours / {theirs}: {value:.2f}x (rounds {min(rounds_):.2f}-{max(rounds_):.2f}) (target >= {target}x)"
             )
             run.compare("requests/s", f"ours {transport}", theirs, target=f">= {target}x")
+    floors = [f"{name} {cpu_medians[name]:.0f} us" for name in cpu_medians if name.startswith("bare grpcio")]
+    if floors and "Triton gRPC" in cpu_medians:
+        theirs, mine = cpu_medians["Triton gRPC"], cpu_medians["ours gRPC"]
+        print(f"\nthe grpcio floor, server CPU per request (no decoding, no model): {', '.join(floors)}; "
+              f"Triton's whole gRPC request {theirs:.0f} us, ours {mine:.0f} us")  # fmt: skip
     setup = (f"two INT32 [1, 16] inputs echoed, {WORKERS} workers each, 16 requests in flight; medians of {rounds} "
              f"round(s) of {seconds:g} s")  # fmt: skip
     run.write(args.results, "The Open Inference Protocol, small requests (v2_small.py)", setup, "; ".join(notes))
