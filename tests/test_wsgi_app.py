@@ -17,7 +17,7 @@ import werkzeug.test
 
 from inference_server import _plugins, plugin_hook
 from inference_server._settings import Settings
-from inference_server.wsgi._app import App
+from inference_server.wsgi._app import App, Routes
 
 FORECAST = {
     "wind": "Southwesterly gale force 8 continuing",
@@ -448,6 +448,34 @@ def test_a_new_protocol_is_one_module_that_registers_routes() -> None:
         assert "/hello/{name}" in response.json["message"]
     with client.post("/hello/", data=b"abc") as response:
         assert response.status_code == 404
+
+
+def test_the_route_table_matches_patterns_by_their_literal_segments_in_the_order_added() -> None:
+    """A path matches the first pattern of its length whose literal segments it has and whose names it fills (an
+    empty segment fills none); an exact path wins over a pattern; every path and pattern is listed in order."""
+    routes = Routes()
+
+    def handler(name: str) -> Any:
+        return lambda request: name
+
+    routes.add("/v2/models/{name}/infer", handler("infer"), "POST")
+    routes.add("/v2/models/{name}/versions/{version}", handler("version"), "GET")
+    routes.add("/v2/models/{name}/ready", handler("ready"), "GET")
+    routes.add("/v2/models/stats/infer", handler("exact"), "POST")
+    routes.add("/v2/models/{name}/infer", handler("infer GET"), "GET")
+    route, methods, params = routes.match("/v2/models/m1/infer") or ("", {}, {})
+    assert (route, sorted(methods), params) == ("/v2/models/{name}/infer", ["GET", "POST"], {"name": "m1"})
+    assert routes.match("/v2/models/m1/versions/3")[2] == {"name": "m1", "version": "3"}  # type: ignore[index]
+    assert routes.match("/v2/models/m1/ready")[0] == "/v2/models/{name}/ready"  # type: ignore[index]
+    assert routes.match("/v2/models/stats/infer")[0] == "/v2/models/stats/infer"  # type: ignore[index]
+    for path in ("/v2/models//infer", "/v2/models/m1/versions/", "/v2/models/m1/other", "/v2/models/m1"):
+        assert routes.match(path) is None, path
+    assert routes.paths() == [
+        "/v2/models/stats/infer",
+        "/v2/models/{name}/infer",
+        "/v2/models/{name}/versions/{version}",
+        "/v2/models/{name}/ready",
+    ]
 
 
 def test_cleanup_runs_when_the_server_closes_the_body() -> None:

@@ -11,8 +11,8 @@ import logging
 import random
 import re
 import time
-from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import pluggy
 import werkzeug.exceptions
@@ -81,23 +81,39 @@ _new_request: Callable[[type[Request], tuple[Any, ...]], Request] = tuple.__new_
 Route = Handler | Invoking
 
 
+class _Pattern(NamedTuple):
+    """A path with ``{name}`` segments, split once: where its literal segments are, and where its names are."""
+
+    path: str
+    literals: tuple[tuple[int, str], ...]
+    names: tuple[tuple[int, str], ...]
+    methods: dict[str, Route]
+
+
 class Routes:
     """Method handlers by path: exact paths, and patterns whose ``{name}`` segments match one non-empty segment."""
 
     def __init__(self) -> None:
         self._exact: dict[str, dict[str, Route]] = {}
-        self._patterns: list[tuple[str, tuple[str, ...], dict[str, Route]]] = []
+        #: The patterns by their number of segments, each list in the order they were added.
+        self._patterns: dict[int, list[_Pattern]] = {}
+        self._order: list[str] = []
 
     def add(self, path: str, handler: Route, method: str) -> None:
         if "{" not in path:
             self._exact.setdefault(path, {})[method] = handler
             return
-        segments = tuple(path.split("/"))
-        for pattern, _, methods in self._patterns:
-            if pattern == path:
-                methods[method] = handler
+        segments = path.split("/")
+        same_length = self._patterns.setdefault(len(segments), [])
+        for pattern in same_length:
+            if pattern.path == path:
+                pattern.methods[method] = handler
                 return
-        self._patterns.append((path, segments, {method: handler}))
+        is_name = [segment[:1] == "{" and segment[-1:] == "}" for segment in segments]
+        literals = tuple((i, segment) for i, segment in enumerate(segments) if not is_name[i])
+        names = tuple((i, segment[1:-1]) for i, segment in enumerate(segments) if is_name[i])
+        same_length.append(_Pattern(path, literals, names, {method: handler}))
+        self._order.append(path)
 
     def match(self, path: str) -> tuple[str, dict[str, Route], dict[str, str]] | None:
         """The route (``path`` or the pattern it matches), its handlers by method and the values of its pattern's
@@ -106,28 +122,19 @@ class Routes:
         if methods is not None:
             return path, methods, {}
         parts = path.split("/")
-        for pattern, segments, methods in self._patterns:
-            if len(segments) == len(parts):
-                params = _params(segments, parts)
-                if params is not None:
-                    return pattern, methods, params
+        for pattern in self._patterns.get(len(parts), ()):
+            for index, literal in pattern.literals:
+                if parts[index] != literal:
+                    break
+            else:
+                params = {name: parts[index] for index, name in pattern.names}
+                if all(params.values()):  # (each name matches a non-empty segment)
+                    return pattern.path, pattern.methods, params
         return None
 
     def paths(self) -> list[str]:
         """Every path and pattern, in the order they were added."""
-        return [*self._exact, *(pattern for pattern, _, _ in self._patterns)]
-
-
-def _params(segments: Sequence[str], parts: Sequence[str]) -> dict[str, str] | None:
-    params = {}
-    for segment, part in zip(segments, parts, strict=True):
-        if segment[:1] == "{" and segment[-1:] == "}":
-            if not part:
-                return None
-            params[segment[1:-1]] = part
-        elif segment != part:
-            return None
-    return params
+        return [*self._exact, *self._order]
 
 
 class App:

@@ -394,7 +394,10 @@ def _check_inputs(declared: list[dict[str, Any]] | None, request: v2.InferenceRe
 def _signature(app: Service, model: Any) -> dict[str, Any]:
     """The ``model_metadata`` hook's answer for ``model``, or no tensors; an answer that is not a signature is the
     hook's error (a 500 saying what is wrong with it, in the log too)."""
-    metadata = app.pipeline.pm.hook.model_metadata(model=model)
+    pm = app.pipeline.pm
+    if _plugins.is_default(pm, "model_metadata"):  # (the built-in says None: no hook call on every request)
+        return {}
+    metadata = pm.hook.model_metadata(model=model)
     if metadata is None:
         return {}
     problem = _signature_problem(metadata)
