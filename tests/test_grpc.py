@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import orjson
 import pytest
 import tritonclient.grpc as triton
 from hypothesis import HealthCheck, given, settings
@@ -153,6 +154,43 @@ def test_errors_are_their_status_codes_with_the_https_message(servers: Any) -> N
         client.get_model_config("echo_model")  # (Triton's model configuration: not served)
     assert unimplemented.value.status() == "StatusCode.UNIMPLEMENTED"
     assert client.infer("echo_model", [x]).as_numpy("x").tolist() == [1.0, 1.0, 1.0]
+
+
+def test_a_modelinfer_the_front_refuses_is_counted_and_logged(servers: Any) -> None:
+    """A ModelInfer the front refuses before the app sees it (a message that is not one: 400; a model name with a
+    ``/``: 404), alone or in a stream, is counted in /metrics (route ``other``) and has its access line with the
+    client's request id, as the app's own refusals before a route do."""
+    import grpc
+
+    server, _ = start(servers)
+    with grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel:
+        infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+        with pytest.raises(grpc.RpcError) as garbage:
+            infer(b"\xff\xff\xff", metadata=(("x-request-id", "refused-1"),))
+        assert garbage.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        from tritonclient.grpc import service_pb2
+
+        slashed = service_pb2.ModelInferRequest(model_name="a/b").SerializeToString()
+        with pytest.raises(grpc.RpcError) as unnamed:
+            infer(slashed, metadata=(("x-request-id", "refused-2"),))
+        assert unnamed.value.code() == grpc.StatusCode.NOT_FOUND
+        stream = channel.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer")
+        answers = list(stream(iter([b"\xff\xff\xff"]), metadata=(("x-request-id", "refused-3"),)))
+        assert len(answers) == 1  # its error message, and the stream ends with the client's requests
+    wait_until(
+        lambda: server.metric("inference_server_requests_total", route="other", method="POST", status="400") == 2,
+        10,
+        "the two refusals of messages that are not ones counted",
+    )
+    assert server.metric("inference_server_requests_total", route="other", method="POST", status="404") == 1
+    lines = [orjson.loads(line) for line in server.output().splitlines() if '"inference_server.access"' in line]
+    logged = {(line.get("request_id"), line["status"], line["route"], line["path"]) for line in lines}
+    path = "/inference.GRPCInferenceService/ModelInfer"
+    assert {
+        ("refused-1", 400, "other", path),
+        ("refused-2", 404, "other", path),
+        ("refused-3", 400, "other", path),
+    } <= (logged)
 
 
 def test_a_message_over_the_body_limit_is_resource_exhausted(servers: Any) -> None:

@@ -157,6 +157,22 @@ class Front:
     ) -> tuple[int, str, Any]:
         """The app's answer to ``method path`` with ``body``: its status, media type and body (an iterable the caller
         reads, then closes with :func:`_close`: a streamed answer's chunks are made as it is read)."""
+        environ = self._environ(method, path, context, body, extra)
+        answered: list[Any] = []
+
+        def start_response(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+            media_type = next((value for name, value in headers if name.lower() == "content-type"), "")
+            answered[:] = [int(status[:3]), media_type]
+            return None
+
+        answer = self._app(environ, start_response)
+        return answered[0], answered[1], answer
+
+    def _environ(
+        self, method: str, path: str, context: Any, body: bytes, extra: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """What the app is handed for an RPC: a WSGI environ whose body is the message (``GIVEN_BODY``), with the
+        client's deadline and ``x-request-id``."""
         environ: dict[str, Any] = {
             "REQUEST_METHOD": method,
             "PATH_INFO": path,
@@ -183,15 +199,7 @@ class Front:
         for key, value in context.invocation_metadata() or ():
             if key == "x-request-id" and isinstance(value, str):
                 environ["HTTP_X_REQUEST_ID"] = value
-        answered: list[Any] = []
-
-        def start_response(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
-            media_type = next((value for name, value in headers if name.lower() == "content-type"), "")
-            answered[:] = [int(status[:3]), media_type]
-            return None
-
-        answer = self._app(environ, start_response)
-        return answered[0], answered[1], answer
+        return environ
 
     def _json(self, method: str, path: str, context: Any, fields: dict[str, Any] | None = None) -> Any:
         """The app's JSON answer, or :class:`_Failed` for an error status."""
@@ -279,7 +287,7 @@ class Front:
 
     # -- inference -----------------------------------------------------------------------------------------------
     def model_infer(self, request: bytes, context: Any) -> bytes:
-        media_type, answer = self._infer(request, context, wire.parse(request, self._app.pipeline.limits))
+        media_type, answer = self._infer(request, context, self._parse(request, context))
         try:
             if media_type == GRPC_STREAM_TYPE:
                 raise _Failed(400, "the model streams its answer (a generator predict_fn): call ModelStreamInfer")
@@ -287,10 +295,28 @@ class Front:
         finally:
             _close(answer)
 
+    def _parse(self, request: bytes, context: Any) -> wire.Parsed:
+        """The ModelInferRequest read; or the front's refusal of a message that is not one (:class:`DecodeError`),
+        counted and logged as the app's own refusals before a route are (:meth:`_refused`), then raised."""
+        started = time.perf_counter()
+        try:
+            return wire.parse(request, self._app.pipeline.limits)
+        except DecodeError:
+            self._refused(request, context, 400, started)
+            raise
+
+    def _refused(self, request: bytes, context: Any, status: int, started: float) -> None:
+        """A ModelInfer the front answers ``status`` without calling the app: counted and logged by the app."""
+        self._app.refused(self._environ("POST", f"/{SERVICE}/ModelInfer", context, request), status, started)
+
     def _infer(self, request: bytes, context: Any, parsed: wire.Parsed) -> tuple[str, Any]:
         """The app's answer to one ModelInferRequest (``parsed``: read already, handed to the route's framing), its
-        media type and body (:class:`_Failed` for an error status)."""
-        name = _name(parsed.request.model_name)
+        media type and body (:class:`_Failed` for an error status; a name no model can have is refused here, 404)."""
+        try:
+            name = _name(parsed.request.model_name)
+        except _Failed as failed:
+            self._refused(request, context, failed.status, time.perf_counter())
+            raise
         path = f"/inference.GRPCInferenceService/ModelInfer/{name}"
         status, media_type, answer = self._open("POST", path, context, request, {GRPC: parsed})
         if status >= 400:
@@ -307,7 +333,7 @@ class Front:
         for request in requests:
             request_id = ""
             try:
-                parsed = wire.parse(request, self._app.pipeline.limits)
+                parsed = self._parse(request, context)
                 request_id = parsed.request.id
                 media_type, answer = self._infer(request, context, parsed)
             except (_Failed, DecodeError) as exc:

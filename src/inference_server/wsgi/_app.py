@@ -323,6 +323,24 @@ class App:
         route = environ.get(ROUTE, metrics.OTHER)
         return (route, method, status, started, environ.get(BODY_BYTES, 0), sent, environ.get(MODEL, ""))
 
+    def refused(self, environ: WSGIEnvironment, status: int, started: float) -> None:
+        """A request a front answered ``status`` without calling the app (a gRPC message that does not parse):
+        counted and logged as the app's own refusals before a route are (route ``other``), its body's size from its
+        ``CONTENT_LENGTH``. ``started``: ``time.perf_counter()`` when it arrived."""
+        if not self._edge:
+            return
+        request_id = request_id_of(environ)
+        environ[BODY_BYTES] = int(environ.get("CONTENT_LENGTH") or 0)
+        bound = _logging.REQUEST.set((request_id, environ.get(INFERENCE_ID)))
+        span = self._tracing.request(environ, request_id) if self._tracing is not None else None
+        try:
+            record = self.record(environ, environ["REQUEST_METHOD"], status, [], started, 0)
+            self.finish(record, environ, request_id, span)
+        finally:
+            _logging.REQUEST.reset(bound)
+            if span is not None:
+                span.detach()
+
     def _finish_sent(
         self,
         record: tuple[Any, ...],
