@@ -134,8 +134,8 @@ BARE_GRPC = """
     import concurrent.futures
     import http.server
     import multiprocessing
+    import signal
     import sys
-    import threading
 
     import grpc
 
@@ -190,6 +190,8 @@ BARE_GRPC = """
         workers = [multiprocessing.Process(target=serve, daemon=True) for _ in range(WORKERS)]
         for worker in workers:
             worker.start()
+        # SIGTERM (the harness's stop) exits normally, and multiprocessing then stops the daemonic workers
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
         http.server.HTTPServer(("127.0.0.1", http_port), Ready).serve_forever()
 """
 

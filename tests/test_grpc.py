@@ -183,6 +183,7 @@ def test_a_modelinfer_the_front_refuses_is_counted_and_logged(servers: Any) -> N
         "the two refusals of messages that are not ones counted",
     )
     assert server.metric("inference_server_requests_total", route="other", method="POST", status="404") == 1
+    assert server.metric("inference_server_requests_in_flight") == 0  # (never counted in, never counted out)
     lines = [orjson.loads(line) for line in server.output().splitlines() if '"inference_server.access"' in line]
     logged = {(line.get("request_id"), line["status"], line["route"], line["path"]) for line in lines}
     path = "/inference.GRPCInferenceService/ModelInfer"

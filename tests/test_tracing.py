@@ -50,7 +50,29 @@ class Echo:
         return data.upper()
 
     @plugin_hook
-    def output_fn(self, prediction: bytes, accept: Any) -> tuple[bytes, str]:
+    def output_fn(self, prediction: bytes, accept: Any) -> Any:
+        if prediction == b"BARE":  # (not the (body, content_type) pair output_fn must return)
+            return prediction
+        return prediction, "application/octet-stream"
+
+
+class AsyncPredict:
+    """An async generator ``predict_fn`` (run on the event loop), failing before its first record on ``boom``."""
+
+    @plugin_hook
+    async def predict_fn(self, data: bytes, model: Any) -> Any:
+        if data == b"boom":
+            raise RuntimeError("no first record")
+        yield bytes(data)
+
+
+class AsyncOutput:
+    """An ``async def output_fn`` (run on the event loop) answering ``BARE`` with bytes alone, not what it must."""
+
+    @plugin_hook
+    async def output_fn(self, prediction: bytes, accept: Any) -> Any:
+        if prediction == b"BARE":
+            return prediction
         return prediction, "application/octet-stream"
 
 
@@ -58,7 +80,7 @@ class Traced:
     """An app whose tracing writes to an in-memory exporter (the global tracer provider is never set here: it can be
     set once per process)."""
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch, **settings: Any) -> None:
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, *plugins: Any, backend: Any = None, **settings: Any) -> None:
         pytest.importorskip("opentelemetry.sdk")
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -69,7 +91,8 @@ class Traced:
         provider.add_span_processor(SimpleSpanProcessor(self.exporter))
         self.tracing = _tracing.OpenTelemetry(provider)
         monkeypatch.setattr(_tracing, "create", lambda: self.tracing)
-        self.app = App(Settings(model_dir="/nonexistent", **settings), _plugins.build_manager([], [Echo()]))
+        pm = _plugins.build_manager([], [*plugins] or [Echo()])
+        self.app = App(Settings(model_dir="/nonexistent", **settings), pm, *([backend] if backend else []))
         self.client = werkzeug.test.Client(self.app)  # type: ignore[arg-type]
 
     def request(self, method: str, path: str, body: bytes = b"", **headers: str) -> tuple[int, bytes]:
@@ -197,6 +220,44 @@ def test_a_hook_exception_is_recorded_on_its_stage_span(traced: Traced) -> None:
     assert server.attributes["http.response.status_code"] == 500
     assert server.attributes["error.type"] == "500"
     assert format(server.context.trace_id, "032x") == TRACE_ID
+
+
+def test_output_fns_wrong_answer_is_recorded_on_its_span(traced: Traced) -> None:
+    """An ``output_fn`` that returns bytes alone, not ``(body, content_type)``: the check of its answer fails within
+    its span, which holds the exception with status ERROR."""
+    from opentelemetry.trace import StatusCode
+
+    status, _ = traced.request("POST", "/invocations", b"bare")
+    assert status == 500
+    spans = traced.spans()
+    assert [span.name for span in spans] == [*STAGES, "POST /invocations"]
+    assert spans[2].status.status_code is StatusCode.ERROR
+    assert spans[2].events[0].attributes["exception.type"] == "inference_server.errors.HookError"
+
+
+@pytest.mark.parametrize(
+    ("plugin", "body", "stage", "error"),
+    [
+        (AsyncPredict, b"boom", "predict_fn", "RuntimeError"),
+        (AsyncOutput, b"bare", "output_fn", "inference_server.errors.HookError"),
+    ],
+)
+def test_async_hooks_failures_are_recorded_on_their_spans_on_the_loop(
+    monkeypatch: pytest.MonkeyPatch, plugin: type, body: bytes, stage: str, error: str
+) -> None:
+    """On the event loop: an async generator ``predict_fn`` failing before its first record, and an async
+    ``output_fn`` whose answer is not ``(body, content_type)``, each fail within their own span (status ERROR, the
+    exception recorded)."""
+    from opentelemetry.trace import StatusCode
+
+    from inference_server.wsgi._invoke import Backend
+
+    traced = Traced(monkeypatch, Echo(), plugin(), backend=Backend(on_loop=True))
+    status, _ = traced.request("POST", "/invocations", body)
+    assert status == 500
+    (failed,) = [span for span in traced.spans() if span.name == stage]
+    assert failed.status.status_code is StatusCode.ERROR
+    assert failed.events[0].attributes["exception.type"] == error
 
 
 def test_a_client_error_raised_by_a_hook_is_recorded_but_not_an_error(traced: Traced) -> None:

@@ -463,18 +463,24 @@ def test_the_route_table_matches_patterns_by_their_literal_segments_in_the_order
     routes.add("/v2/models/{name}/ready", handler("ready"), "GET")
     routes.add("/v2/models/stats/infer", handler("exact"), "POST")
     routes.add("/v2/models/{name}/infer", handler("infer GET"), "GET")
+    routes.add("/v2/{kind}/{name}/ready", handler("later"), "GET")  # (matches what .../{name}/ready does: added later)
+    routes.add("/{a}/{a}", handler("twice"), "GET")
     route, methods, params = routes.match("/v2/models/m1/infer") or ("", {}, {})
     assert (route, sorted(methods), params) == ("/v2/models/{name}/infer", ["GET", "POST"], {"name": "m1"})
     assert routes.match("/v2/models/m1/versions/3")[2] == {"name": "m1", "version": "3"}  # type: ignore[index]
     assert routes.match("/v2/models/m1/ready")[0] == "/v2/models/{name}/ready"  # type: ignore[index]
     assert routes.match("/v2/models/stats/infer")[0] == "/v2/models/stats/infer"  # type: ignore[index]
-    for path in ("/v2/models//infer", "/v2/models/m1/versions/", "/v2/models/m1/other", "/v2/models/m1"):
+    assert routes.match("/v2/other/m1/ready")[0] == "/v2/{kind}/{name}/ready"  # type: ignore[index]
+    assert routes.match("/x/y")[2] == {"a": "y"}  # type: ignore[index]
+    for path in ("/v2/models//infer", "/v2/models/m1/versions/", "/v2/models/m1/other", "/v2/models/m1", "//y"):
         assert routes.match(path) is None, path
     assert routes.paths() == [
         "/v2/models/stats/infer",
         "/v2/models/{name}/infer",
         "/v2/models/{name}/versions/{version}",
         "/v2/models/{name}/ready",
+        "/v2/{kind}/{name}/ready",
+        "/{a}/{a}",
     ]
 
 

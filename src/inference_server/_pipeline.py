@@ -241,7 +241,11 @@ class Pipeline:
         # per hook when there is not: one that did nothing cost 8% of a small request's instructions)
         self._run_input = self._within("input_fn", self._input_fn)
         self._run_predict = self._within("predict_fn", self._predict_fn)
-        self._run_output = self._within("output_fn", self._output_fn)
+        output_fn = self._output_fn
+        #: With stages, ``output_fn`` and the check of its answer within its stage (without, written out inline).
+        self._staged_output = self._within(
+            "output_fn", lambda prediction, accept: _output(output_fn(prediction, accept))
+        )
 
     def _within(self, hook: str, function: Callable[..., _T]) -> Callable[..., _T]:
         """``function``, run within the stage of ``hook`` (a trace's span) when the pipeline has stages."""
@@ -402,18 +406,15 @@ class Pipeline:
             data = await (step if stage is None else _staged(stage, hook, step))
             hook = "predict_fn"
             decoded = time.monotonic() if timed is not None else 0.0
-            step = stages["predict_fn"].run(on_thread, data, model) if predict is None else predict(data)
+            step = _predicted(stages["predict_fn"].run(on_thread, data, model) if predict is None else predict(data))
             prediction = await (step if stage is None else _staged(stage, hook, step))
-            if isinstance(prediction, _loop.Items):
-                await prediction.prefetch()  # the first record, which output_fn may look at on the loop
             hook = hooks[2]
             predicted = time.monotonic() if timed is not None else 0.0
             if framing is None:
-                step = stages["output_fn"].run(on_thread, prediction, parse_accept(accept))
+                step = _checked(stages["output_fn"].run(on_thread, prediction, parse_accept(accept)))
             else:
                 step = on_thread(framing.encode, prediction)
-            result = await (step if stage is None else _staged(stage, hook, step))
-            output = _output(result) if framing is None else result
+            output = await (step if stage is None else _staged(stage, hook, step))
             if output.stream is not None and isinstance(prediction, _loop.Items):
                 output.stream.records = prediction
             if timed is not None:
@@ -453,7 +454,10 @@ class Pipeline:
             hook = hooks[2]
             predicted = time.monotonic() if timed is not None else 0.0
             if framing is None:
-                output = _output(self._run_output(prediction, parse_accept(accept)))
+                if self._stage is None:
+                    output = _output(self._output_fn(prediction, parse_accept(accept)))
+                else:
+                    output = self._staged_output(prediction, parse_accept(accept))
             else:
                 output = self._within(hook, framing.encode)(prediction)
             if output.stream is not None and isinstance(prediction, _loop.Items):
@@ -490,6 +494,20 @@ async def _staged(stage: Callable[[str], AbstractContextManager[Any]], hook: str
     """``step`` (a coroutine, not started yet) awaited within the stage of ``hook``."""
     with stage(hook):
         return await step
+
+
+async def _predicted(step: Awaitable[Any]) -> Any:
+    """``predict_fn``'s prediction; an async generator's with its first record fetched (its model's work until then,
+    which ``output_fn`` may look at on the loop)."""
+    prediction = await step
+    if isinstance(prediction, _loop.Items):
+        await prediction.prefetch()
+    return prediction
+
+
+async def _checked(step: Awaitable[Any]) -> Output:
+    """``output_fn``'s answer, checked (:func:`_output`)."""
+    return _output(await step)
 
 
 @codecs.cache_short(256)

@@ -287,7 +287,8 @@ class Front:
 
     # -- inference -----------------------------------------------------------------------------------------------
     def model_infer(self, request: bytes, context: Any) -> bytes:
-        media_type, answer = self._infer(request, context, self._parse(request, context))
+        started = time.perf_counter()
+        media_type, answer = self._infer(request, context, self._parse(request, context, started), started)
         try:
             if media_type == GRPC_STREAM_TYPE:
                 raise _Failed(400, "the model streams its answer (a generator predict_fn): call ModelStreamInfer")
@@ -295,10 +296,10 @@ class Front:
         finally:
             _close(answer)
 
-    def _parse(self, request: bytes, context: Any) -> wire.Parsed:
+    def _parse(self, request: bytes, context: Any, started: float) -> wire.Parsed:
         """The ModelInferRequest read; or the front's refusal of a message that is not one (:class:`DecodeError`),
-        counted and logged as the app's own refusals before a route are (:meth:`_refused`), then raised."""
-        started = time.perf_counter()
+        counted and logged as the app's own refusals before a route are (:meth:`_refused`), then raised. ``started``:
+        ``time.perf_counter()`` when the RPC began."""
         try:
             return wire.parse(request, self._app.pipeline.limits)
         except DecodeError:
@@ -309,13 +310,13 @@ class Front:
         """A ModelInfer the front answers ``status`` without calling the app: counted and logged by the app."""
         self._app.refused(self._environ("POST", f"/{SERVICE}/ModelInfer", context, request), status, started)
 
-    def _infer(self, request: bytes, context: Any, parsed: wire.Parsed) -> tuple[str, Any]:
+    def _infer(self, request: bytes, context: Any, parsed: wire.Parsed, started: float) -> tuple[str, Any]:
         """The app's answer to one ModelInferRequest (``parsed``: read already, handed to the route's framing), its
         media type and body (:class:`_Failed` for an error status; a name no model can have is refused here, 404)."""
         try:
             name = _name(parsed.request.model_name)
         except _Failed as failed:
-            self._refused(request, context, failed.status, time.perf_counter())
+            self._refused(request, context, failed.status, started)
             raise
         path = f"/inference.GRPCInferenceService/ModelInfer/{name}"
         status, media_type, answer = self._open("POST", path, context, request, {GRPC: parsed})
@@ -333,9 +334,10 @@ class Front:
         for request in requests:
             request_id = ""
             try:
-                parsed = self._parse(request, context)
+                started = time.perf_counter()
+                parsed = self._parse(request, context, started)
                 request_id = parsed.request.id
-                media_type, answer = self._infer(request, context, parsed)
+                media_type, answer = self._infer(request, context, parsed, started)
             except (_Failed, DecodeError) as exc:
                 yield _stream_error(exc.text if isinstance(exc, _Failed) else str(exc), request_id)
                 continue

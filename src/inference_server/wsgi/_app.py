@@ -127,9 +127,8 @@ class Routes:
                 if parts[index] != literal:
                     break
             else:
-                params = {name: parts[index] for index, name in pattern.names}
-                if all(params.values()):  # (each name matches a non-empty segment)
-                    return pattern.path, pattern.methods, params
+                if all(parts[index] for index, _ in pattern.names):  # (each name matches a non-empty segment)
+                    return pattern.path, pattern.methods, {name: parts[index] for index, name in pattern.names}
         return None
 
     def paths(self) -> list[str]:
