@@ -484,6 +484,27 @@ def test_the_route_table_matches_patterns_by_their_literal_segments_in_the_order
     ]
 
 
+def test_ping_runs_a_ping_thread_only_when_a_hook_must_be_asked() -> None:
+    """``/ping`` of a loaded model with the built-in ``ping_fn`` is answered without handing anything to a ping
+    thread (nothing of a plugin runs); a plugin's ``ping_fn`` is still asked on one, and its no is a 503."""
+
+    class No:
+        @plugin_hook
+        def ping_fn(self, model: Any) -> bool:
+            return False
+
+    quick = _app(_Echo())
+    quick.model()
+    asked = _app(_Echo(), No())
+    asked.model()
+    client, other = werkzeug.test.Client(quick), werkzeug.test.Client(asked)
+    for _ in range(3):
+        assert client.get("/ping").status_code == 200
+        assert other.get("/ping").status_code == 503
+    assert quick.health._pings.size == 0
+    assert asked.health._pings.size == 1
+
+
 def test_cleanup_runs_when_the_server_closes_the_body() -> None:
     """An invocation's body leaves the drain's count of requests in flight only once the server is done with it."""
     app = _app(_Echo())

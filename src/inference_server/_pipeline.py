@@ -279,6 +279,14 @@ class Pipeline:
         """``model_fn``'s model for ``model_dir`` (no caching: see :mod:`inference_server._models`)."""
         return _plugins.call_model_fn(self.pm, model_dir)
 
+    def surely_healthy(self) -> bool:
+        """Whether :meth:`unhealthy` would say None without running any code of a plugin: the model is loaded and
+        only the built-in ``ping_fn`` (which says yes) would be asked."""
+        if not _plugins.is_default(self.pm, "ping_fn"):
+            return False
+        entry = _models.store.entry(self.key)
+        return entry is not None and entry.loaded and entry.version == getattr(self._shared, "generation", 0)
+
     def unhealthy(self) -> str | None:
         """Why the model cannot serve (it failed to load, ``ping_fn`` said no or raised), or None when it can."""
         try:

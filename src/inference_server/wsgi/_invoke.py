@@ -485,6 +485,8 @@ class Health:
             return f"an earlier health check has been running for over {PING_TIMEOUT} s"
         if self._multi_model:
             return None  # up: the models are loaded through /models, each on its own
+        if self._pipeline.surely_healthy():  # (no hook to run: no hand-off to a ping thread and back)
+            return None
         deadline = time.monotonic() + PING_TIMEOUT
         try:
             return self._pings.run(self._pipeline.unhealthy, lambda: deadline)  # type: ignore[no-any-return]
