@@ -40,6 +40,7 @@ import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import _harness as h
 import _peers
@@ -110,11 +111,17 @@ def binary_body() -> tuple[bytes, int]:
 
 
 def grpc_request() -> bytes:
+    """tritonclient's "simple" ModelInferRequest, serialised, its tensors as raw contents."""
     request = service_pb2.ModelInferRequest(model_name=MODEL)
+    return _with_inputs(request, request.inputs, request.raw_input_contents)
+
+
+def _with_inputs(message: Any, tensors: Any, raw: Any) -> bytes:
+    """``message`` serialised once :data:`INPUTS` are added to its ``tensors`` and their bytes to its ``raw``."""
     for name, array in INPUTS.items():
-        request.inputs.add(name=name, datatype="INT32", shape=[1, 16])
-        request.raw_input_contents.append(array.tobytes())
-    return request.SerializeToString()  # type: ignore[no-any-return]
+        tensors.add(name=name, datatype="INT32", shape=[1, 16])
+        raw.append(array.tobytes())
+    return message.SerializeToString()  # type: ignore[no-any-return]
 
 
 def lua(body: bytes, header_length: int | None) -> str:
@@ -216,10 +223,7 @@ def bare_grpc(kind: str) -> Iterator[h.Server]:
 def echo_response() -> bytes:
     """The ModelInferResponse of the echo of :func:`grpc_request`, serialised."""
     response = service_pb2.ModelInferResponse(model_name=MODEL)
-    for name, array in INPUTS.items():
-        response.outputs.add(name=name, datatype="INT32", shape=[1, 16])
-        response.raw_output_contents.append(array.tobytes())
-    return response.SerializeToString()  # type: ignore[no-any-return]
+    return _with_inputs(response, response.outputs, response.raw_output_contents)
 
 
 def check(name: str, port: int, grpc_port: int, binary: bool) -> None:
