@@ -14,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import urllib.request
 import zipfile
 import zlib
 from collections.abc import Callable, Iterator, Sequence
@@ -541,3 +542,34 @@ def save_bert_classifier(where: Path, **sizes: int) -> Path:
     labels = {"id2label": {0: "NEGATIVE", 1: "POSITIVE"}, "label2id": {"NEGATIVE": 0, "POSITIVE": 1}}
     BertForSequenceClassification(BertConfig(vocab_size=len(words), **shape, **labels)).save_pretrained(where)
     return where
+
+
+#: The credentials every local S3 client uses (moto accepts any).
+S3_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+@pytest.fixture
+def s3(unused_port: int) -> Iterator[Any]:
+    """A moto S3 server on 127.0.0.1 with a bucket ``jobs``; the fixture's value is a boto3 client for it, its
+    ``endpoint`` the server's URL (``AWS_ENDPOINT_URL_S3`` for a server's s3fs)."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=unused_port, verbose=False)
+    server.start()
+    try:
+        endpoint = f"http://127.0.0.1:{unused_port}"
+        # moto keeps its state per process, not per server: start from nothing
+        urllib.request.urlopen(urllib.request.Request(f"{endpoint}/moto-api/reset", method="POST"), timeout=10)
+        client = boto3.client(
+            "s3",
+            endpoint_url=endpoint,
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+            region_name="us-east-1",
+        )
+        client.create_bucket(Bucket="jobs")
+        client.endpoint = endpoint
+        yield client
+    finally:
+        server.stop()

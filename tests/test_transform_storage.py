@@ -5,43 +5,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import boto3
-import pytest
-from moto.server import ThreadedMotoServer
-
+from tests.conftest import S3_CREDENTIALS as CREDENTIALS
 from tests.test_transform_local import COUNTING
-
-CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
-
-
-@pytest.fixture
-def s3(unused_port: int, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    """A moto S3 server with a bucket ``jobs``; the fixture's value is a boto3 client for it."""
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=unused_port, verbose=False)
-    server.start()
-    try:
-        endpoint = f"http://127.0.0.1:{unused_port}"
-        # moto keeps its state per process, not per server: start from nothing
-        urllib.request.urlopen(urllib.request.Request(f"{endpoint}/moto-api/reset", method="POST"), timeout=10)
-        client = boto3.client("s3", endpoint_url=endpoint, **_client_credentials())
-        client.create_bucket(Bucket="jobs")
-        client.endpoint = endpoint
-        yield client
-    finally:
-        server.stop()
-
-
-def _client_credentials() -> dict[str, str]:
-    return {
-        "aws_access_key_id": "testing",
-        "aws_secret_access_key": "testing",
-        "region_name": "us-east-1",
-    }
 
 
 def _transform(s3: Any, servers: Any, tmp_path: Path, *options: str) -> subprocess.CompletedProcess[str]:

@@ -85,10 +85,14 @@ class Stream:
     """The chunks of an iterator that ``output_fn`` returned (a generator ``predict_fn`` made, encoded one by one),
     each made when asked for, in the invocation's context: the context variables its hooks saw."""
 
-    __slots__ = ("_chunks", "context", "made", "records")
+    __slots__ = ("_chunks", "_ended", "captured", "context", "made", "records")
 
     def __init__(self, chunks: Iterator[Any]) -> None:
         self._chunks = chunks
+        #: The chunks made so far of a stream being captured (SageMaker's Data Capture), and what is told them all
+        #: once the stream ends whole (:meth:`capture`).
+        self.captured: list[codecs.Buffer] | None = None
+        self._ended: Callable[[list[codecs.Buffer]], None] | None = None
         #: Where each chunk is made (set by :meth:`Pipeline.invoke` to the invocation's own).
         self.context = contextvars.Context()
         #: The records of an async generator ``predict_fn`` made, when they are what the chunks are made of: the
@@ -117,11 +121,23 @@ class Stream:
         try:
             item = self.context.run(next, self._chunks)
         except StopIteration:
+            ended = self._ended
+            if ended is not None and self.captured is not None:
+                self._ended = None
+                ended(self.captured)
             return None
         except Exception as exc:
             raise HookError("output_fn", exc, summary=f"the response stream raised {type(exc).__name__}") from exc
         self.made += 1
-        return _chunk(item)
+        chunk = _chunk(item)
+        if self.captured is not None:
+            self.captured.append(chunk)
+        return chunk
+
+    def capture(self, first: codecs.Buffer, ended: Callable[[list[codecs.Buffer]], None]) -> None:
+        """Keep the chunks from ``first`` (made already) on, and tell ``ended`` them all if the stream ends whole."""
+        self.captured = [first]
+        self._ended = ended
 
     async def anext(self) -> codecs.Buffer | None:
         """On the event loop, for a stream of an async generator's records: the next chunk that is not empty, or

@@ -149,6 +149,25 @@ def _directories(text: str) -> tuple[str, ...]:
     return tuple(part for part in text.split(os.pathsep) if part)
 
 
+def _media_types(text: str) -> tuple[str, ...]:
+    """Media types separated by commas (or by ``os.pathsep``, as a repeated option's values are joined)."""
+    types = tuple(part.strip().lower() for part in text.replace(os.pathsep, ",").split(",") if part.strip())
+    for media_type in types:
+        if media_type.count("/") != 1 or ";" in media_type or " " in media_type:
+            raise ValueError(f"{media_type!r} is not a media type (type/subtype, no parameters)")
+    return types
+
+
+def _percentage(text: str) -> int:
+    value = _int(text)
+    if not 0 <= value <= 100:
+        raise ValueError("must be a whole percentage from 0 to 100")
+    return value
+
+
+CAPTURE_MODES = ("input", "output", "both")
+
+
 def _port(text: str) -> int:
     value = _int(text)
     if not 0 <= value <= 65535:
@@ -502,6 +521,118 @@ class Settings:
         str,
         "the model's name in /v2/models/NAME (one model; with --multi-model each model has its own)",
         default_text="the name of the plugin that implements predict_fn or model_fn, else model",
+    )
+    #: SageMaker Asynchronous Inference (``InvokeEndpointAsync``): where answers are written; None: off.
+    async_output: str | None = _variable(
+        None,
+        "INFERENCE_SERVER_ASYNC_OUTPUT",
+        str,
+        "serve asynchronous inference (POST /endpoints/NAME/async-invocations, boto3's invoke_endpoint_async) and "
+        "write each answer to URI/<inference id>.out: a directory, or s3://bucket/prefix (the s3 extra), as "
+        "AsyncInferenceConfig's S3OutputPath",
+        default_text="off",
+    )
+    async_failure: str | None = _variable(
+        None,
+        "INFERENCE_SERVER_ASYNC_FAILURE",
+        str,
+        "where failed asynchronous requests' errors are written, as URI/<inference id>-error.out "
+        "(AsyncInferenceConfig's S3FailurePath)",
+        default_text="the --async-output location",
+    )
+    async_queue: str | None = _variable(
+        None,
+        "INFERENCE_SERVER_ASYNC_QUEUE",
+        str,
+        "directory of the asynchronous requests' durable queue (an SQLite database): accepted requests survive a "
+        "stop or a crash of the server and are done after it starts again",
+        default_text="$XDG_STATE_HOME/inference-server/async-queue (~/.local/state/...)",
+    )
+    async_max_queue: int = _variable(
+        1000,
+        "INFERENCE_SERVER_ASYNC_MAX_QUEUE",
+        _integer(1),
+        "asynchronous requests queued or running at once; past it a new one is refused with 503 (ThrottlingException)",
+    )
+    async_workers: int = _variable(
+        1,
+        "INFERENCE_SERVER_ASYNC_WORKERS",
+        _integer(1),
+        "asynchronous requests invoking the model at once on this machine (AsyncInferenceConfig's "
+        "MaxConcurrentInvocationsPerInstance)",
+    )
+    async_notify_success: str | None = _variable(
+        None,
+        "INFERENCE_SERVER_ASYNC_NOTIFY_SUCCESS",
+        str,
+        "where each finished asynchronous request is announced with SageMaker's notification (its SuccessTopic): an "
+        "http(s):// URL that is POSTed the JSON, or an SNS topic ARN (the aws extra)",
+        default_text="none",
+    )
+    async_notify_error: str | None = _variable(
+        None,
+        "INFERENCE_SERVER_ASYNC_NOTIFY_ERROR",
+        str,
+        "where each failed or expired asynchronous request is announced (its ErrorTopic): an http(s):// URL or an "
+        "SNS topic ARN",
+        default_text="none",
+    )
+    #: SageMaker Data Capture: where a sample of requests and answers is written as JSON Lines; None: off.
+    data_capture: str | None = _variable(
+        None,
+        "INFERENCE_SERVER_DATA_CAPTURE",
+        str,
+        "capture requests and answers as SageMaker's Data Capture does (DataCaptureConfig's DestinationS3Uri): JSON "
+        "Lines in SageMaker's record format, under URI/ENDPOINT/VARIANT/yyyy/mm/dd/hh/, where Model Monitor reads "
+        "them; URI a directory, or s3://bucket/prefix (the s3 extra)",
+        default_text="off",
+    )
+    data_capture_sampling: int = _variable(
+        100,
+        "INFERENCE_SERVER_DATA_CAPTURE_SAMPLING",
+        _percentage,
+        "the percentage of invocations captured (InitialSamplingPercentage)",
+    )
+    data_capture_mode: str = _variable(
+        "both",
+        "INFERENCE_SERVER_DATA_CAPTURE_MODE",
+        _one_of(CAPTURE_MODES),
+        "what is captured of each invocation: input (the request), output (the answer) or both (CaptureOptions)",
+        choices=CAPTURE_MODES,
+    )
+    data_capture_csv_types: tuple[str, ...] = _variable(
+        ("text/csv",),
+        "INFERENCE_SERVER_DATA_CAPTURE_CSV_TYPES",
+        _media_types,
+        "media types captured as CSV text (CaptureContentTypeHeader's CsvContentTypes); repeat the option or "
+        "separate them with commas; bodies of other types than these and the JSON ones are captured as base64",
+        repeat=True,
+    )
+    data_capture_json_types: tuple[str, ...] = _variable(
+        ("application/json",),
+        "INFERENCE_SERVER_DATA_CAPTURE_JSON_TYPES",
+        _media_types,
+        "media types captured as JSON text (CaptureContentTypeHeader's JsonContentTypes)",
+        repeat=True,
+    )
+    data_capture_flush_seconds: int = _variable(
+        5,
+        "INFERENCE_SERVER_DATA_CAPTURE_FLUSH_SECONDS",
+        _integer(1),
+        "seconds between two writes of what was captured (each a new object on S3; appended to the hour's file in a "
+        "directory); what is left is written when the worker stops",
+    )
+    data_capture_endpoint: str = _variable(
+        "local-endpoint",
+        "INFERENCE_SERVER_DATA_CAPTURE_ENDPOINT",
+        str,
+        "the endpoint's name in the captured files' paths",
+    )
+    data_capture_variant: str = _variable(
+        "AllTraffic",
+        "INFERENCE_SERVER_DATA_CAPTURE_VARIANT",
+        str,
+        "the production variant's name in the captured files' paths",
     )
     #: Put a failing hook's exception message and traceback in its 500 answer (they may hold request data).
     debug: bool = _variable(

@@ -196,6 +196,9 @@ class Recorder:
         self._account: Callable[[], tuple[int, int, int]] | None = None
         #: The models this worker holds, by (kind, name), on a multi-model endpoint (else None).
         self._held: set[tuple[str, str]] | None = None  # (replaced whole, under the lock; read without it)
+        #: Told the registry at each flush, to count into it what is counted elsewhere in this process (data
+        #: capture's records).
+        self.flushing: list[Callable[[prometheus_client.CollectorRegistry], None]] = []
         self._held_lock = threading.Lock()
         self._model_families: _ModelFamilies | None = None
 
@@ -294,6 +297,8 @@ class Recorder:
             hits = len(_taken(self._hits))
         if hits or self._held is not None:  # (a multi-model endpoint's metrics exist from its first flush)
             self.model_families().hits.inc(hits)
+        for report in self.flushing:
+            report(families.registry)
 
     def _add_stages(self, families: _Families, stages: list[tuple[float, float, float, float, float, str]]) -> None:
         """Count ``stages`` (rows of :attr:`timed`) into ``stage_duration_seconds``, by model and stage."""
@@ -623,6 +628,9 @@ def _add(child: prometheus_client.Histogram, histogram: _Histogram) -> None:
 
 #: This process's recorder.
 recorder = Recorder()
+#: Collectors of what is counted elsewhere than in the workers' files (the asynchronous requests' queue), added to
+#: every scrape.
+collectors: list[Any] = []
 
 
 def use_directory(run_dir: Path) -> None:
@@ -653,6 +661,8 @@ def scrape() -> bytes:
     recorder.flush()
     held = CollectorRegistry()
     held.register(_HeldModels())
+    for collector in collectors:
+        held.register(collector)
     path = shared_directory()
     if path is not None:
         registry = CollectorRegistry()
@@ -748,6 +758,38 @@ def model_preloaded(seconds: float) -> None:
     loads, load_seconds = _serving_loads()
     loads.inc()
     load_seconds.observe(seconds)
+
+
+#: ``data_capture_records_total`` by the registry it counts into (made once in each: an app made before the workers
+#: forked leaves its reporter in theirs, beside their own app's).
+_capture_counters: dict[int, prometheus_client.Counter] = {}
+
+
+def capture_reporter(counts: Callable[[], dict[str, int]]) -> Callable[[prometheus_client.CollectorRegistry], None]:
+    """What :attr:`Recorder.flushing` is given for data capture: ``counts()``'s growth since the last flush counted
+    into ``data_capture_records_total`` by outcome (captured, dropped, written)."""
+    last: dict[str, int] = {}
+
+    def report(registry: prometheus_client.CollectorRegistry) -> None:
+        from prometheus_client import Counter
+
+        counter = _capture_counters.get(id(registry))
+        if counter is None:
+            counter = _capture_counters[id(registry)] = Counter(
+                PREFIX + "data_capture_records_total",
+                "Records of invocations for data capture (--data-capture), by outcome: captured (buffered), dropped "
+                "(its buffer full, or its destination failing past it), written",
+                ("outcome",),
+                registry=registry,
+            )
+        for outcome, count in counts().items():
+            grown = count - last.get(outcome, 0)
+            child = counter.labels(outcome)
+            if grown:
+                child.inc(grown)
+            last[outcome] = count
+
+    return report
 
 
 def restarts_counter(registry: prometheus_client.CollectorRegistry) -> prometheus_client.Counter:

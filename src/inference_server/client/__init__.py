@@ -4,9 +4,19 @@ The serializers and deserializers have the SageMaker Python SDK v2 interface, so
 ``sagemaker.Predictor``; they use the server's codecs, so client and server agree by construction.
 ``Predictor.predict_stream`` reads a streamed answer (JSON Lines, server-sent events or raw chunks) as it arrives;
 the decoders it uses take chunks from any other client too. :class:`V2Client` talks the Open Inference Protocol v2
-(KServe, Triton) with binary tensors. This package never imports the server.
+(KServe, Triton) with binary tensors. :class:`AsyncPredictor` is the SDK's ``AsyncPredictor`` with these: it puts the
+input in S3 or a local directory (or sends it inline), calls InvokeEndpointAsync, and reads the answer or the model's
+error where the server writes it. This package never imports the server.
 """
 
+from inference_server.client._async import (
+    AsyncInferenceModelError,
+    AsyncInferenceResponse,
+    AsyncPredictor,
+    ObjectNotExistedError,
+    PollingTimeoutError,
+    WaiterConfig,
+)
 from inference_server.client._deserializers import (
     ArrowDeserializer,
     BaseDeserializer,
@@ -58,6 +68,9 @@ from inference_server.errors import PredictionError
 __all__ = [
     "ArrowDeserializer",
     "ArrowSerializer",
+    "AsyncInferenceModelError",
+    "AsyncInferenceResponse",
+    "AsyncPredictor",
     "BaseDeserializer",
     "BaseSerializer",
     "BytesDeserializer",
@@ -77,7 +90,9 @@ __all__ = [
     "NpzSerializer",
     "NumpyDeserializer",
     "NumpySerializer",
+    "ObjectNotExistedError",
     "PandasDeserializer",
+    "PollingTimeoutError",
     "PredictionError",
     "Predictor",
     "RawDecoder",
@@ -95,6 +110,7 @@ __all__ = [
     "TorchTensorDeserializer",
     "TorchTensorSerializer",
     "V2Client",
+    "WaiterConfig",
     "decode_stream",
     "stream_decoder",
 ]

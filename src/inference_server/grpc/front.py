@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import functools
-import io
 import logging
-import sys
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -30,7 +28,7 @@ import orjson
 from inference_server.errors import DecodeError
 from inference_server.grpc import wire
 from inference_server.grpc._messages import SERVICE, message
-from inference_server.wsgi._body import GIVEN_BODY
+from inference_server.wsgi._body import given_environ
 from inference_server.wsgi._invoke import CLIENT_DEADLINE
 from inference_server.wsgi.v2 import GRPC, GRPC_STREAM_TYPE
 
@@ -173,26 +171,9 @@ class Front:
     ) -> dict[str, Any]:
         """What the app is handed for an RPC: a WSGI environ whose body is the message (``GIVEN_BODY``), with the
         client's deadline and ``x-request-id``."""
-        environ: dict[str, Any] = {
-            "REQUEST_METHOD": method,
-            "PATH_INFO": path,
-            "QUERY_STRING": "",
-            "SERVER_NAME": self._host,
-            "SERVER_PORT": str(self._port),
-            "SERVER_PROTOCOL": "HTTP/2",
-            "REMOTE_ADDR": _peer(context),
-            "CONTENT_TYPE": "application/json",
-            "CONTENT_LENGTH": str(len(body)),
-            "wsgi.version": (1, 0),
-            "wsgi.url_scheme": "http",
-            "wsgi.input": io.BytesIO(),
-            "wsgi.errors": sys.stderr,
-            "wsgi.multithread": True,
-            "wsgi.multiprocess": True,
-            "wsgi.run_once": False,
-            GIVEN_BODY: body,
-            **(extra or {}),
-        }
+        environ = given_environ(method, path, body, (self._host, self._port), "HTTP/2", _peer(context))
+        environ["CONTENT_TYPE"] = "application/json"
+        environ.update(extra or {})
         remaining = context.time_remaining()
         if remaining is not None:
             environ[CLIENT_DEADLINE] = time.monotonic() + remaining

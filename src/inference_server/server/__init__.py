@@ -69,6 +69,10 @@ def load_model(app: App) -> None:
         from inference_server.grpc.front import Front
 
         Front(app, app.settings.grpc_port, app.settings.host).start()
+    if app.settings.async_output is not None:
+        from inference_server import _async_inference
+
+        _async_inference.start(app)
 
 
 def _log_summary(app: App, chosen_hooks: bool = False) -> list[str]:
@@ -185,6 +189,13 @@ def _serve(settings: Settings, started: _preload.Started) -> int:
     problem = _port.in_use(settings)
     if problem is not None:
         return _cannot_start(problem)
+    if settings.async_output is not None or settings.async_failure is not None:
+        from inference_server import _async_inference
+
+        try:
+            _async_inference.check(settings)
+        except ConfigurationError as exc:
+            return _cannot_start(str(exc))
     if settings.grpc_port:
         from inference_server.grpc import front
 

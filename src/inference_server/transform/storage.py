@@ -61,8 +61,9 @@ class Store:
         Path(path).unlink(missing_ok=True)
 
     @contextlib.contextmanager
-    def writing(self, target: str) -> Iterator[BinaryIO]:
-        """A file for ``target`` that appears under that name only if the block completes."""
+    def writing(self, target: str, content_type: str | None = None) -> Iterator[BinaryIO]:
+        """A file for ``target`` that appears under that name only if the block completes (``content_type``: the
+        object's media type, where the store keeps one)."""
         partial = Path(target + INCOMPLETE)
         partial.parent.mkdir(parents=True, exist_ok=True)
         try:
@@ -115,8 +116,8 @@ class RemoteStore(Store):
             self.fs.rm_file(path)
 
     @contextlib.contextmanager
-    def writing(self, target: str) -> Iterator[BinaryIO]:
-        sink: Any = self.fs.open(target, "wb")
+    def writing(self, target: str, content_type: str | None = None) -> Iterator[BinaryIO]:
+        sink: Any = self.fs.open(target, "wb", **({"ContentType": content_type} if content_type else {}))
         try:
             yield sink
         except BaseException:

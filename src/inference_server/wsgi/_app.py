@@ -6,8 +6,10 @@ Each protocol module registers its routes (``register(app)``); what a request's 
 
 from __future__ import annotations
 
+import atexit
 import functools
 import logging
+import multiprocessing.util
 import random
 import re
 import time
@@ -21,9 +23,9 @@ from inference_server import _logging, _plugins, _tracing, batching, codecs, met
 from inference_server._pipeline import Pipeline
 from inference_server._settings import Settings
 from inference_server.errors import BadRequest, URITooLong
-from inference_server.wsgi import models, prometheus, runtime, sagemaker, v2
+from inference_server.wsgi import async_invocations, models, prometheus, runtime, sagemaker, v2
 from inference_server.wsgi._async import AsyncLifecycle
-from inference_server.wsgi._body import BODY_BYTES, read_json_object, unsupported_coding
+from inference_server.wsgi._body import BODY_BYTES, read_body, read_json_object, unsupported_coding
 from inference_server.wsgi._invoke import (
     MODEL,
     Backend,
@@ -52,6 +54,7 @@ from inference_server.wsgi._replies import (
 if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIEnvironment
 
+    from inference_server._capture import Capture
     from inference_server._multimodel import MultiModel
     from inference_server._pipeline import Framing
 
@@ -64,7 +67,7 @@ CUSTOM_ATTRIBUTES = "X-Amzn-SageMaker-Custom-Attributes"
 #: Bytes of path and query string a request may have (414 beyond).
 MAX_URL_BYTES = 8192
 #: The protocols every app serves, each a module with ``register(app)``.
-PROTOCOLS = (sagemaker, runtime, models, v2, prometheus)
+PROTOCOLS = (sagemaker, runtime, async_invocations, models, v2, prometheus)
 INFERENCE_ID = "HTTP_X_AMZN_SAGEMAKER_INFERENCE_ID"
 #: The environ key under which the app notes the route (pattern) a request matched.
 ROUTE = "inference_server.route"
@@ -154,6 +157,8 @@ class App:
         #: The model that ``/invocations`` serves.
         self.target = Target.serving(self.pipeline, settings)
         self.lifecycle = Lifecycle(settings, self.backend)
+        if settings.data_capture is not None:
+            self.lifecycle.captures = _capturing(settings, recorder)
         self._loop_lifecycle: AsyncLifecycle | None = None
         self._on_loop = (
             OnLoop(self.loop_lifecycle, lambda: self.pipeline.max_body, self.backend.arrival)
@@ -218,6 +223,10 @@ class App:
         """A control route's body (at most ``limit`` bytes) as a JSON object, else a 400 saying what is wrong
         (``example``: what the object looks like); an empty body is ``{}`` when ``empty_ok``."""
         return read_json_object(environ, limit, self.backend.body, example, empty_ok)
+
+    def read_body(self, environ: WSGIEnvironment, limit: int) -> bytearray | bytes:
+        """A control route's body, at most ``limit`` bytes (else 413)."""
+        return read_body(environ, limit, self.backend.body)
 
     def model(self) -> Any:
         """The loaded model (loading it now if needed)."""
@@ -498,6 +507,33 @@ def _multi_model(pipeline: Pipeline, settings: Settings) -> MultiModel | None:
     run_dir = _rundir.current()
     registry = _registry.Registry(run_dir / "models" if run_dir is not None else None)
     return _multimodel.MultiModel(pipeline, settings, registry, run_dir / "unpacked" if run_dir is not None else None)
+
+
+def _capturing(settings: Settings, recorder: metrics.Recorder | None) -> Capture:
+    """Data capture as the settings ask (``--data-capture``): what is buffered is written when the process exits
+    (a worker that drains on SIGTERM included), its counts reported with the metrics."""
+    from inference_server._capture import Capture
+
+    assert settings.data_capture is not None
+    capture = Capture(
+        settings.data_capture,
+        sampling=settings.data_capture_sampling,
+        mode=settings.data_capture_mode,
+        csv_types=settings.data_capture_csv_types,
+        json_types=settings.data_capture_json_types,
+        endpoint=settings.data_capture_endpoint,
+        variant=settings.data_capture_variant,
+        flush_seconds=settings.data_capture_flush_seconds,
+    )
+    atexit.register(capture.close)
+    multiprocessing.util.Finalize(capture, capture.close, exitpriority=10)  # (a multiprocessing worker: granian's)
+    if recorder is not None:
+        recorder.flushing.append(
+            metrics.capture_reporter(
+                lambda: {"captured": capture.captured, "dropped": capture.dropped, "written": capture.written}
+            )
+        )
+    return capture
 
 
 def create_app(*, model_dir: str | None = None) -> App:

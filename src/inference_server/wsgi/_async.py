@@ -38,7 +38,15 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from inference_server import _deadlines, _loop, codecs
 from inference_server._pipeline import Framing, Output, Stream
 from inference_server.errors import GatewayTimeout, HookError, RequestTimeout, ServiceUnavailable
-from inference_server.wsgi._invoke import CLIENT_DEADLINE, MODEL, RECYCLE_GRACE, Lifecycle, StreamFailed, Target
+from inference_server.wsgi._invoke import (
+    CLIENT_DEADLINE,
+    MODEL,
+    OWN_TIMEOUT,
+    RECYCLE_GRACE,
+    Lifecycle,
+    StreamFailed,
+    Target,
+)
 from inference_server.wsgi._replies import Headers, Piecewise, Request
 
 if TYPE_CHECKING:
@@ -311,7 +319,8 @@ class AsyncLifecycle:
         awaited then is dropped: work still waiting for a model thread never runs), and the request is answered at
         once."""
         start = time.monotonic() if started is None else started
-        timeout = self._timeout
+        environ = request.environ
+        timeout = environ.get(OWN_TIMEOUT, self._timeout)
         read_timeout = min(timeout, self.settings.read_timeout) if timeout else self.settings.read_timeout
         # The front's loop, adopted (asking asyncio for the running loop costs a system call), when this is its thread
         loop = _loop.running() if _loop.on_loop() else None
@@ -323,7 +332,7 @@ class AsyncLifecycle:
         deadlines = self._deadlines
         deadlines.set(expiry, start + read_timeout, loop)
         work = _Work(loop)
-        client = request.environ.get(CLIENT_DEADLINE)
+        client = environ.get(CLIENT_DEADLINE)
         try:
             body = await read(target.pipeline.max_body)
             expiry.reading = False
@@ -347,7 +356,7 @@ class AsyncLifecycle:
         if work.call is not None:  # the batcher leaves it out of its groups, or it is running in one
             work.stage = work.call.cancel()
         self._watch_stuck(work.future, request.request_id)
-        raise GatewayTimeout(f"the request took longer than the server's timeout of {timeout} s (while {work.stage})")
+        raise GatewayTimeout(f"the request took longer than its timeout of {timeout} s (while {work.stage})")
 
     def _watch_stuck(self, future: concurrent.futures.Future[Any] | None, request_id: str) -> None:
         """Replace the worker if ``future``'s work is still running :data:`RECYCLE_GRACE` seconds from now."""
@@ -410,6 +419,9 @@ class AsyncLifecycle:
                 output = pace.inline_call(invoke)
             else:
                 output = await self.on_model_thread(pace.timed, invoke, work=work)
+        captures = self.lifecycle.captures
+        if captures is not None:
+            captures.invocation(environ, body, output)
         if output.stream is not None:
             stream_timeout = self.settings.stream_timeout
             deadline = start + stream_timeout if stream_timeout else None

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import io
+import sys
 import zlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -21,6 +23,37 @@ _SMALL = 1 << 16
 BODY_BYTES = "inference_server.body_bytes"
 #: The environ key of a body the front read already, as ``bytes`` (the gRPC front: a message's bytes).
 GIVEN_BODY = "inference_server.given_body"
+#: The environ key saying a :data:`GIVEN_BODY`'s size was bounded by whoever gave it, not by the body limit (an
+#: asynchronous request's input, up to 1 GB as SageMaker's).
+GIVEN_BOUNDED = "inference_server.given_bounded"
+
+
+def given_environ(
+    method: str, path: str, body: bytes | bytearray, server: tuple[str, int], protocol: str, remote: str
+) -> dict[str, Any]:
+    """The WSGI environ of a request that reaches the app through the server's own code (a gRPC message, an
+    asynchronous request), its body given (:data:`GIVEN_BODY`), not read from ``wsgi.input``; the caller adds its
+    headers."""
+    return {
+        "REQUEST_METHOD": method,
+        "PATH_INFO": path,
+        "QUERY_STRING": "",
+        "SERVER_NAME": server[0],
+        "SERVER_PORT": str(server[1]),
+        "SERVER_PROTOCOL": protocol,
+        "REMOTE_ADDR": remote,
+        "CONTENT_LENGTH": str(len(body)),
+        "wsgi.version": (1, 0),
+        "wsgi.url_scheme": "http",
+        "wsgi.input": io.BytesIO(),
+        "wsgi.errors": sys.stderr,
+        "wsgi.multithread": True,
+        "wsgi.multiprocess": True,
+        "wsgi.run_once": False,
+        GIVEN_BODY: body,
+    }
+
+
 #: The request body codings decoded (``Content-Encoding``), by name: zlib's window bits for each.
 CODINGS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
 #: How the operator raises the body limit, said in every 413.
@@ -89,7 +122,7 @@ def read_body(environ: WSGIEnvironment, limit: int | None, reading: Reading = PE
     is, not copied."""
     given = environ.get(GIVEN_BODY)
     if given is not None:
-        if limit is not None and len(given) > limit:
+        if limit is not None and len(given) > limit and GIVEN_BOUNDED not in environ:
             raise PayloadTooLarge(
                 f"the body is {len(given)} bytes; the limit (MaxPayloadInMB) is {limit} bytes{_RAISE}"
             )

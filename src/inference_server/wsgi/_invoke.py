@@ -28,6 +28,7 @@ from inference_server.wsgi._replies import HAND_OVER, Body, Reply, Request, clos
 if TYPE_CHECKING:
     from _typeshed.wsgi import WSGIEnvironment
 
+    from inference_server._capture import Capture
     from inference_server._multimodel import MultiModel
 
 logger = logging.getLogger("inference_server")
@@ -37,6 +38,9 @@ MODEL = "inference_server.model"
 #: The environ key of a deadline the client set (``time.monotonic()``; the gRPC front's, from the RPC's deadline):
 #: the request is answered 504 then if ``--timeout`` would come later.
 CLIENT_DEADLINE = "inference_server.client_deadline"
+#: The environ key of a request's own timeout in seconds, in place of ``--timeout`` (an asynchronous request's
+#: ``InvocationTimeoutSeconds``); set only by the server's own code, never from a header.
+OWN_TIMEOUT = "inference_server.own_timeout"
 #: The header SageMaker passes the original ``TargetModel`` in, under both names its documentation has used.
 TARGET_MODEL_HEADERS = ("HTTP_X_AMZN_SAGEMAKER_TARGET_MODEL", "HTTP_X_AMZN_TARGET_MODEL")
 
@@ -200,6 +204,8 @@ class Lifecycle:
         self._models = _deadlines.Pool("model")
         self._paces = _deadlines.Paces(_deadlines.ON_THREAD, _deadlines.ON_THREAD)
         self._told_no_content_type = False
+        #: Where a sample of the answered invocations is captured (``--data-capture``), else None.
+        self.captures: Capture | None = None
 
     def invoke(self, request: Request, target: Target, framing: Framing | None = None) -> Reply:
         """Answer one invocation of ``target`` with the request's body, ``Content-Type`` and ``Accept``: 200 and the
@@ -239,8 +245,9 @@ class Lifecycle:
         whole overruns ``--timeout`` (answered when the work stops at its next stage), and the worker replaced if the
         work is still running ``RECYCLE_GRACE`` seconds past its deadline (see :mod:`inference_server._deadlines`)."""
         start = time.monotonic()
-        timeout = self._timeout
-        client = request.environ.get(CLIENT_DEADLINE)
+        environ = request.environ
+        timeout = own = environ.get(OWN_TIMEOUT, self._timeout)
+        client = environ.get(CLIENT_DEADLINE)
         if client is not None and (timeout is None or client < start + timeout):
             timeout = max(client - start, 0.0)
         else:
@@ -256,7 +263,7 @@ class Lifecycle:
         call = _deadlines.Call(read_deadline, start + timeout, self._abort_read, self._recycle_stuck, request)
         if client is not None:  # a client's deadline bounds the wait; once the hooks run, only --timeout does
             call.stuck = None
-            call.after_wait = (start + self._timeout if self._timeout else math.inf, self._recycle_stuck)
+            call.after_wait = (start + own if own else math.inf, self._recycle_stuck)
         self._watchdog.watch(call)
         try:
             reply = self._invoke(request, target, call, start, framing, body)
@@ -281,9 +288,7 @@ class Lifecycle:
                 raise RequestTimeout(f"the request body did not arrive within {limit} s")
             if client is not None and call.overran != _deadlines.RUNNING:
                 raise GatewayTimeout(f"the client's deadline passed (while {call.overran})")
-            raise GatewayTimeout(
-                f"the request took longer than the server's timeout of {self._timeout} s (while {call.overran})"
-            )
+            raise GatewayTimeout(f"the request took longer than its timeout of {own} s (while {call.overran})")
         assert reply is not None
         return reply
 
@@ -380,6 +385,8 @@ class Lifecycle:
                     pipeline.invoke, body, content_type, accept, model, None, True, framing, start, name
                 )
                 output = self._on_model_thread(invoke, pace, call, request)
+        if self.captures is not None:
+            self.captures.invocation(environ, body, output)
         if output.stream is not None:
             deadline = start + self.settings.stream_timeout if self.settings.stream_timeout else None
             streamed = Streamed(output.buffers, output.stream, self, request, deadline)

@@ -66,6 +66,10 @@ class Service(Protocol):
         """What an invocation of the multi-model endpoint's model ``name`` runs."""
         ...
 
+    def read_body(self, environ: WSGIEnvironment, limit: int) -> bytearray | bytes:
+        """A control route's body, at most ``limit`` bytes (else 413)."""
+        ...
+
     def read_json(
         self, environ: WSGIEnvironment, limit: int, example: str = "", empty_ok: bool = False
     ) -> dict[str, Any]:
