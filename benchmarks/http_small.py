@@ -271,6 +271,17 @@ def observability(site: str, threads: str) -> dict[str, tuple[str, dict[str, str
     }
 
 
+def data_capture(site: str, threads: str) -> dict[str, tuple[str, dict[str, str], str]]:
+    """``--data-capture``: ours on granian with and without data capture of every request (issue 42: <= 5% of
+    throughput), to a directory of its own (removed when the run ends)."""
+    default = observability(site, threads)["default"]
+    capture = tempfile.mkdtemp(prefix="http-small-capture-")
+    return {
+        "default": default,
+        "--data-capture": (f"{default[0]} --data-capture {capture} --data-capture-sampling 100", *default[1:]),
+    }
+
+
 def start_peers(stack: contextlib.ExitStack, site: str) -> tuple[dict[str, h.Server], str]:
     """BentoML and MLServer with ``WORKERS`` workers each: their servers by contender name, and what they are."""
     (Path(site) / "bentoml_echo.py").write_text(textwrap.dedent(BENTOML_ECHO))
@@ -328,6 +339,9 @@ def main() -> None:
         "--observability", action="store_true", help="the cost of the metrics and the access log, on granian"
     )
     parser.add_argument(
+        "--data-capture", action="store_true", help="the cost of data capture at 100%% sampling, on granian"
+    )
+    parser.add_argument(
         "--loop",
         choices=("uvloop", "asyncio"),
         default="uvloop",
@@ -337,7 +351,8 @@ def main() -> None:
     parser.add_argument("--contenders", help="only these, comma-separated, as printed (default: all)")
     _results.add_argument(parser)
     args = parser.parse_args()
-    run = _results.Run("http_small", "observability" if args.observability else "quick" if args.quick else None)
+    kind = "observability" if args.observability else "data-capture" if args.data_capture else None
+    run = _results.Run("http_small", kind or ("quick" if args.quick else None))
     rounds, seconds = (1, 3.0) if args.quick else (args.rounds, args.seconds)
     site = str(h.plugin_site({"json_echo": JSON_ECHO}))
     with open(os.path.join(site, "bare.py"), "w") as f:
@@ -346,6 +361,9 @@ def main() -> None:
         f.write(textwrap.dedent(BARE_RSGI))
     if args.observability:
         chosen = observability(site, args.threads)
+    elif args.data_capture:
+        chosen = data_capture(site, args.threads)
+        args.observability = True  # (measured and printed the same way, against "default")
     else:
         chosen = contenders(site, args.threads, args.loop, args.baseline)
     names = list(chosen) + ([] if args.observability else list(PEERS))
@@ -388,15 +406,16 @@ def main() -> None:
                 results[name]["ping"].append(h.wrk(f"http://127.0.0.1:{port}{ping_path}", seconds, 16))
     print(f"after: {h.load()}; medians of {rounds} round(s) of {seconds} s, min-max of the rounds in brackets")
     if args.observability:
-        base = h.median(results["neither"]["invocations"])
-        base_cpu = h.median(results["neither"]["cpu_us"])
+        versus = "default" if args.data_capture else "neither"
+        base = h.median(results[versus]["invocations"])
+        base_cpu = h.median(results[versus]["cpu_us"])
         print("throughput, and the server's CPU time per request (user + system, all its processes)")
         for name, measured in results.items():
             invocations = h.median(measured["invocations"])
             spread = h.spread(measured["invocations"])
             cpu = h.median(measured["cpu_us"])
             print(
-                f"{name:<18} {invocations:>9.0f}/s ({spread}) {invocations / base - 1:+.1%} vs neither; "
+                f"{name:<18} {invocations:>9.0f}/s ({spread}) {invocations / base - 1:+.1%} vs {versus}; "
                 f"{cpu:6.1f} us CPU ({h.spread(measured['cpu_us'])}) {cpu / base_cpu - 1:+.1%}"
             )
         record(run, args.results, results, rounds, seconds, about, args.loop, args.baseline)

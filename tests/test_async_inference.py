@@ -409,3 +409,65 @@ def test_invocation_timeout_is_the_requests_own(servers: Any, plugin_site: Any, 
     assert "its timeout of 1 s" in error["message"]
     direct = server.request("POST", "/invocations", b"patience")
     assert direct.status == 504  # --timeout still bounds real-time requests
+
+
+def test_notifications_to_sns_topics(servers: Any, plugin_site: Any, tmp_path: Path, s3: Any) -> None:
+    """An SNS topic ARN given to --async-notify-success and --async-notify-error is published to with boto3 (a real
+    local SNS, moto's): the message a subscribed queue receives is SageMaker's notification."""
+    aws = {"region_name": "us-east-1", "aws_access_key_id": "testing", "aws_secret_access_key": "testing"}
+    sns = boto3.client("sns", endpoint_url=s3.endpoint, **aws)
+    sqs = boto3.client("sqs", endpoint_url=s3.endpoint, **aws)
+    topic = sns.create_topic(Name="async-results")["TopicArn"]
+    queue = sqs.create_queue(QueueName="results")["QueueUrl"]
+    queue_arn = sqs.get_queue_attributes(QueueUrl=queue, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=queue_arn, Attributes={"RawMessageDelivery": "true"})
+    server = _serve(
+        servers,
+        plugin_site,
+        tmp_path,
+        *("--async-output", str(tmp_path / "out")),
+        *("--async-notify-success", topic, "--async-notify-error", topic),
+        env={**S3_CREDENTIALS, "AWS_ENDPOINT_URL_SNS": s3.endpoint},
+    )
+    (tmp_path / "good.txt").write_bytes(b"fine")
+    (tmp_path / "bad.txt").write_bytes(b"boom")
+    runtime = _runtime(server)
+    runtime.invoke_endpoint_async(EndpointName="ep", InputLocation=str(tmp_path / "good.txt"), InferenceId="good")
+    runtime.invoke_endpoint_async(EndpointName="ep", InputLocation=str(tmp_path / "bad.txt"), InferenceId="bad")
+    received: dict[str, Any] = {}
+
+    def both() -> bool:
+        for message in sqs.receive_message(QueueUrl=queue, MaxNumberOfMessages=10).get("Messages", []):
+            body = json.loads(message["Body"])
+            received[body["inferenceId"]] = body
+        return len(received) == 2
+
+    wait_until(both, 30, "the notifications did not reach the queue", poll=0.2)
+    assert received["good"]["invocationStatus"] == "Completed"
+    assert received["good"]["responseParameters"]["outputLocation"] == str(tmp_path / "out" / "good.out")
+    assert received["bad"]["invocationStatus"] == "Failed"
+    assert received["bad"]["eventSource"] == "aws:sagemaker"
+    assert server.metric("inference_server_async_notification_failures_total") == 0
+
+
+def test_a_notification_that_cannot_be_delivered_is_counted(
+    servers: Any, plugin_site: Any, tmp_path: Path, unused_port: int
+) -> None:
+    """A notification whose listener is not there is logged and counted; the answer is written all the same."""
+    server = _serve(
+        servers,
+        plugin_site,
+        tmp_path,
+        *("--async-output", str(tmp_path / "out")),
+        *("--async-notify-success", f"http://127.0.0.1:{unused_port}/gone"),
+    )
+    (tmp_path / "input.txt").write_bytes(b"unheard")
+    _runtime(server).invoke_endpoint_async(
+        EndpointName="ep", InputLocation=str(tmp_path / "input.txt"), InferenceId="x"
+    )
+    wait_until(lambda: (tmp_path / "out" / "x.out").exists(), 30, "no answer")
+    wait_until(
+        lambda: server.metric("inference_server_async_notification_failures_total") == 1, 30, "the failure uncounted"
+    )
+    assert f"Notifying http://127.0.0.1:{unused_port}/gone of asynchronous request x failed" in server.output()
+    assert server.metric("inference_server_async_requests_finished_total", outcome="done") == 1

@@ -21,7 +21,7 @@ from schemathesis import GenerationMode
 from schemathesis.specs.openapi.checks import negative_data_rejection, positive_data_acceptance
 
 from inference_server import codecs, testing
-from tests.conftest import Server
+from tests.conftest import Server, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCUMENT = yaml.safe_load((ROOT / "docs" / "openapi.yaml").read_text())
@@ -65,11 +65,14 @@ def test_served_document_is_the_published_one() -> None:
 
 @pytest.fixture(scope="module")
 def live_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """One real server with the default plugins (an echo model) for the whole schemathesis run."""
-    log = tmp_path_factory.mktemp("schemathesis") / "server.log"
-    environment = {k: v for k, v in os.environ.items() if not k.startswith(("SAGEMAKER_", "INFERENCE_"))}
-    environment["INFERENCE_SERVER_PLUGINS"] = ""
-    server = Server([], environment, log).wait_ready()
+    """One real server with the default plugins (an echo model) for the whole schemathesis run, asynchronous
+    inference on (S3 pointed at a closed port of 127.0.0.1: an s3:// input fails at once, reaching nothing)."""
+    folder = tmp_path_factory.mktemp("schemathesis")
+    log = folder / "server.log"
+    environment = {k: v for k, v in os.environ.items() if not k.startswith(("SAGEMAKER_", "INFERENCE_", "AWS_"))}
+    environment.update(INFERENCE_SERVER_PLUGINS="", AWS_ENDPOINT_URL_S3=f"http://127.0.0.1:{free_port()}")
+    async_options = ["--async-output", str(folder / "answers"), "--async-queue", str(folder / "queue")]
+    server = Server(async_options, environment, log).wait_ready()
     try:
         yield server
     finally:
