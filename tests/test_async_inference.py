@@ -4,9 +4,11 @@ received by a real HTTP listener, the durable queue across SIGKILL and restarts.
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import json
 import os
+import re
 import signal
 import sqlite3
 import threading
@@ -107,6 +109,22 @@ def _serve(servers: Any, plugin_site: Any, tmp_path: Path, *args: str, env: dict
     return servers.start("--async-queue", str(tmp_path / "queue"), *args, env=environment)
 
 
+def _stem(accepted: dict[str, Any], output: str, failure: str) -> str:
+    """The name the server gave a request's files (a new UUID), checked: ``<output><stem>.out`` and
+    ``<failure><stem>-error.out``."""
+    found = re.fullmatch(re.escape(output) + r"([0-9a-f-]{36})\.out", accepted["OutputLocation"])
+    assert found is not None, accepted["OutputLocation"]
+    assert accepted["FailureLocation"] == f"{failure}{found.group(1)}-error.out"
+    return found.group(1)
+
+
+def _answered(accepted: dict[str, Any], deadline: float = 30) -> bytes:
+    """The answer at a local OutputLocation, once it is there."""
+    path = Path(accepted["OutputLocation"])
+    wait_until(path.exists, deadline, f"no answer at {path}")
+    return path.read_bytes()
+
+
 def _calls(tmp_path: Path) -> list[str]:
     log = tmp_path / "calls.log"
     return log.read_text().splitlines() if log.exists() else []
@@ -154,8 +172,7 @@ def test_boto3_over_s3_answers_what_invocations_answers(
     )
     assert accepted["ResponseMetadata"]["HTTPStatusCode"] == 202
     assert accepted["InferenceId"] == "one"
-    assert accepted["OutputLocation"] == "s3://jobs/out/one.out"
-    assert accepted["FailureLocation"] == "s3://jobs/failures/one-error.out"
+    stem = _stem(accepted, "s3://jobs/out/", "s3://jobs/failures/")
     answer = _s3_object(s3, accepted["OutputLocation"])
     direct = server.request("POST", "/invocations", b"hello async", {"Content-Type": "text/plain"})
     assert answer["Body"].read() == direct.body == b"HELLO ASYNC"
@@ -185,7 +202,7 @@ def test_boto3_over_s3_answers_what_invocations_answers(
         "endpointName": "my-endpoint",
         "inputLocation": "s3://jobs/in/a.txt",
     }
-    assert success["responseParameters"] == {"contentType": "text/plain", "outputLocation": "s3://jobs/out/one.out"}
+    assert success["responseParameters"] == {"contentType": "text/plain", "outputLocation": f"s3://jobs/out/{stem}.out"}
     assert success["eventTime"].endswith("Z")
     assert success["receivedTime"] <= success["eventTime"]
     path, failed = by_id[failing["InferenceId"]]
@@ -206,7 +223,7 @@ def test_boto3_over_s3_answers_what_invocations_answers(
 
 @pytest.mark.parametrize("backend", ["granian", "gunicorn"])
 def test_local_directories_on_each_backend(servers: Any, plugin_site: Any, tmp_path: Path, backend: str) -> None:
-    """With a local output directory, a local input path is read and the answer written as <id>.out; an inline body
+    """With a local output directory, a local input path is read and the answer written as <uuid>.out; an inline body
     (botocore 1.44's Body) is answered too; the access line of the invocation names the inference id."""
     server = _serve(servers, plugin_site, tmp_path, "--server", backend, "--async-output", str(tmp_path / "out"))
     source = tmp_path / "input.txt"
@@ -214,8 +231,7 @@ def test_local_directories_on_each_backend(servers: Any, plugin_site: Any, tmp_p
     accepted = _runtime(server).invoke_endpoint_async(
         EndpointName="ep", InputLocation=str(source), InferenceId="local-1"
     )
-    assert accepted["OutputLocation"] == str(tmp_path / "out" / "local-1.out")
-    assert accepted["FailureLocation"] == str(tmp_path / "out" / "local-1-error.out")
+    _stem(accepted, f"{tmp_path / 'out'}/", f"{tmp_path / 'out'}/")
     output = Path(accepted["OutputLocation"])
     wait_until(output.exists, 30, "no answer written")
     assert output.read_bytes() == b"FROM A FILE"
@@ -290,34 +306,82 @@ def test_off_unless_asked_for(servers: Any, plugin_site: Any, tmp_path: Path) ->
 
 
 def test_a_full_queue_is_throttled(servers: Any, plugin_site: Any, tmp_path: Path) -> None:
-    """Past --async-max-queue requests queued or running, a new one is a 503 ThrottlingException, nothing queued;
-    once the queue drains the next is accepted."""
+    """Past --async-max-queue requests queued or running, a new one is a 503 ThrottlingException, nothing queued (an
+    inline body refused is not kept); once the queue drains the next is accepted."""
     server = _serve(
         servers,
         plugin_site,
         tmp_path,
-        "--async-output",
-        str(tmp_path / "out"),
-        "--async-max-queue",
-        "2",
+        *("--async-output", str(tmp_path / "out"), "--async-max-queue", "2"),
         env={"SLEEP": "1"},
     )
     source = tmp_path / "input.txt"
     source.write_bytes(b"slow")
     runtime = _runtime(server)
-    for number in range(2):
-        runtime.invoke_endpoint_async(EndpointName="ep", InputLocation=str(source), InferenceId=f"q{number}")
+    first = [runtime.invoke_endpoint_async(EndpointName="ep", InputLocation=str(source)) for _ in range(2)]
     with pytest.raises(botocore.exceptions.ClientError) as raised:
-        runtime.invoke_endpoint_async(EndpointName="ep", InputLocation=str(source), InferenceId="q2")
+        runtime.invoke_endpoint_async(EndpointName="ep", InputLocation=str(source))
     assert raised.value.response["Error"]["Code"] == "ThrottlingException"
     assert raised.value.response["ResponseMetadata"]["HTTPStatusCode"] == 503
     assert "--async-max-queue" in raised.value.response["Error"]["Message"]
-    wait_until(lambda: (tmp_path / "out" / "q1.out").exists(), 30, "the queue did not drain")
+    inline = server.request("POST", "/endpoints/ep/async-invocations", b"inline")
+    assert inline.status == 503
+    assert list((tmp_path / "queue" / "inputs").iterdir()) == []
+    assert [_answered(accepted) for accepted in first] == [b"SLOW", b"SLOW"]
     wait_until(lambda: server.metric("inference_server_async_requests", state="running") == 0, 10, "still running")
-    runtime.invoke_endpoint_async(EndpointName="ep", InputLocation=str(source), InferenceId="q3")
-    wait_until(lambda: (tmp_path / "out" / "q3.out").exists(), 30, "no answer after the queue drained")
-    assert not (tmp_path / "out" / "q2.out").exists()
+    last = runtime.invoke_endpoint_async(EndpointName="ep", InputLocation=str(source))
+    assert _answered(last) == b"SLOW"
+    assert len(list((tmp_path / "out").iterdir())) == 3
     assert len(_calls(tmp_path)) == 3
+
+
+def test_an_inference_id_sent_again_gets_new_locations(servers: Any, plugin_site: Any, tmp_path: Path) -> None:
+    """Two requests with the same InferenceId (a retry, a business key) get their own files, as SageMaker names them:
+    the second's answer is never the first's."""
+    server = _serve(servers, plugin_site, tmp_path, "--async-output", str(tmp_path / "out"))
+    (tmp_path / "a.txt").write_bytes(b"first")
+    (tmp_path / "b.txt").write_bytes(b"second")
+    runtime = _runtime(server)
+    one = runtime.invoke_endpoint_async(EndpointName="ep", InputLocation=str(tmp_path / "a.txt"), InferenceId="k")
+    two = runtime.invoke_endpoint_async(EndpointName="ep", InputLocation=str(tmp_path / "b.txt"), InferenceId="k")
+    assert one["InferenceId"] == two["InferenceId"] == "k"
+    assert one["OutputLocation"] != two["OutputLocation"]
+    assert (_answered(one), _answered(two)) == (b"FIRST", b"SECOND")
+
+
+def test_filename_and_extension_name_the_files(servers: Any, plugin_site: Any, tmp_path: Path) -> None:
+    """Filename and S3OutputPathExtension (botocore 1.44's) name a request's files under the output; one that would
+    leave it (..), or is not the service's form, is a 400 ValidationError."""
+    server = _serve(servers, plugin_site, tmp_path, "--async-output", str(tmp_path / "out"))
+    (tmp_path / "a.txt").write_bytes(b"named")
+    headers = {"X-Amzn-SageMaker-InputLocation": str(tmp_path / "a.txt")}
+    named = server.request(
+        "POST",
+        "/endpoints/ep/async-invocations",
+        headers={
+            **headers,
+            "X-Amzn-SageMaker-Filename": "result.txt",
+            "X-Amzn-SageMaker-S3OutputPathExtension": "day/one",
+        },
+    )
+    assert named.status == 202, named.body
+    assert named.headers["X-Amzn-SageMaker-OutputLocation"] == str(tmp_path / "out" / "day" / "one" / "result.txt.out")
+    assert named.headers["X-Amzn-SageMaker-FailureLocation"] == str(
+        tmp_path / "out" / "day" / "one" / "result.txt-error.out"
+    )
+    assert _answered({"OutputLocation": named.headers["X-Amzn-SageMaker-OutputLocation"]}) == b"NAMED"
+    for header, value in (
+        ("X-Amzn-SageMaker-S3OutputPathExtension", "../escape"),
+        ("X-Amzn-SageMaker-S3OutputPathExtension", "a/../../escape"),
+        ("X-Amzn-SageMaker-S3OutputPathExtension", "/absolute"),
+        ("X-Amzn-SageMaker-Filename", "../escape"),
+        ("X-Amzn-SageMaker-Filename", "a.b.c"),
+        ("X-Amzn-SageMaker-RequestTTLSeconds", "+300"),
+    ):
+        refused = server.request("POST", "/endpoints/ep/async-invocations", headers={**headers, header: value})
+        assert refused.status == 400, (header, value, refused.body)
+        assert refused.headers["x-amzn-ErrorType"] == "ValidationError"
+    assert not any(path.name == "escape" for path in tmp_path.rglob("*"))
 
 
 def test_the_queue_survives_sigkill_of_every_process(servers: Any, plugin_site: Any, tmp_path: Path) -> None:
@@ -332,22 +396,23 @@ def test_the_queue_survives_sigkill_of_every_process(servers: Any, plugin_site: 
         path.write_text(f"item {number}")
         inputs.append(path)
     runtime = _runtime(first)
-    for number, path in enumerate(inputs):
-        runtime.invoke_endpoint_async(EndpointName="ep", InputLocation=str(path), InferenceId=f"i{number}")
+    accepted = [runtime.invoke_endpoint_async(EndpointName="ep", InputLocation=str(path)) for path in inputs]
     wait_until(lambda: len(_calls(tmp_path)) >= 2, 30, "nothing ran")
     for pid in [*first.workers(), first.process.pid]:
         os.kill(pid, signal.SIGKILL)
     first.process.wait(10)
-    finished = {path.name for path in (tmp_path / "out").glob("*.out")}
+    finished = {str(path) for path in (tmp_path / "out").glob("*.out")}
     assert len(finished) < 8  # (the kill came while some waited)
     calls_before = _calls(tmp_path)
 
     second = _serve(servers, plugin_site, tmp_path, *args)
     wait_until(lambda: len(list((tmp_path / "out").glob("*.out"))) == 8, 60, "not every request was answered")
     for number in range(8):
-        assert (tmp_path / "out" / f"i{number}.out").read_text() == f"ITEM {number}"
+        assert _answered(accepted[number]) == f"ITEM {number}".encode()
     calls = _calls(tmp_path)
-    again = [call for call in calls[len(calls_before) :] if f"i{call.split()[1]}.out" in finished]
+    again = [
+        call for call in calls[len(calls_before) :] if accepted[int(call.split()[1])]["OutputLocation"] in finished
+    ]
     assert again == []  # nothing finished before the kill was done again
     assert sorted(set(calls)) == sorted(f"item {number}" for number in range(8))
     assert len(calls) <= 9  # at most the one cut short twice
@@ -365,12 +430,12 @@ def test_an_entry_past_its_ttl_fails_as_expired(
     (tmp_path / "late.txt").write_bytes(b"late")
     first = _serve(servers, plugin_site, tmp_path, *args, "--async-workers", "1", env={"SLEEP": "2"})
     runtime = _runtime(first)
-    runtime.invoke_endpoint_async(EndpointName="ep", InputLocation=str(tmp_path / "busy.txt"), InferenceId="busy")
+    busy = runtime.invoke_endpoint_async(EndpointName="ep", InputLocation=str(tmp_path / "busy.txt"))
     accepted = runtime.invoke_endpoint_async(
         EndpointName="ep", InputLocation=str(tmp_path / "late.txt"), InferenceId="late", RequestTTLSeconds=60
     )
     first.stop(signal.SIGKILL)
-    with sqlite3.connect(tmp_path / "queue" / "queue.sqlite3") as db:
+    with contextlib.closing(sqlite3.connect(tmp_path / "queue" / "queue.sqlite3")) as db, db:
         db.execute("UPDATE entries SET expires = ? WHERE request LIKE '%\"late\"%'", (time.time() - 1,))
     second = _serve(servers, plugin_site, tmp_path, *args)
     failure = Path(accepted["FailureLocation"])
@@ -380,7 +445,7 @@ def test_an_entry_past_its_ttl_fails_as_expired(
     wait_until(lambda: listener.received, 10, "no error notification")
     assert listener.received[0][1]["inferenceId"] == "late"
     assert "RequestTTLSeconds" in listener.received[0][1]["failureReason"]
-    wait_until(lambda: (tmp_path / "out" / "busy.out").exists(), 30, "the other request was not done")
+    assert _answered(busy) == b"BUSY"
     assert second.metric("inference_server_async_requests_finished_total", outcome="expired") == 1
     assert _calls(tmp_path) == ["busy"]
 
@@ -394,15 +459,10 @@ def test_invocation_timeout_is_the_requests_own(servers: Any, plugin_site: Any, 
     source = tmp_path / "input.txt"
     source.write_bytes(b"patience")
     runtime = _runtime(server)
-    runtime.invoke_endpoint_async(
-        EndpointName="ep", InputLocation=str(source), InferenceId="long", InvocationTimeoutSeconds=30
-    )
-    runtime.invoke_endpoint_async(
-        EndpointName="ep", InputLocation=str(source), InferenceId="short", InvocationTimeoutSeconds=1
-    )
-    wait_until(lambda: (tmp_path / "out" / "long.out").exists(), 30, "the long request was not answered")
-    assert (tmp_path / "out" / "long.out").read_bytes() == b"PATIENCE"
-    failure = tmp_path / "out" / "short-error.out"
+    long = runtime.invoke_endpoint_async(EndpointName="ep", InputLocation=str(source), InvocationTimeoutSeconds=30)
+    short = runtime.invoke_endpoint_async(EndpointName="ep", InputLocation=str(source), InvocationTimeoutSeconds=1)
+    assert _answered(long) == b"PATIENCE"
+    failure = Path(short["FailureLocation"])
     wait_until(failure.exists, 30, "the short request did not fail")
     error = json.loads(failure.read_text())
     assert error["status"] == 504
@@ -432,7 +492,9 @@ def test_notifications_to_sns_topics(servers: Any, plugin_site: Any, tmp_path: P
     (tmp_path / "good.txt").write_bytes(b"fine")
     (tmp_path / "bad.txt").write_bytes(b"boom")
     runtime = _runtime(server)
-    runtime.invoke_endpoint_async(EndpointName="ep", InputLocation=str(tmp_path / "good.txt"), InferenceId="good")
+    good = runtime.invoke_endpoint_async(
+        EndpointName="ep", InputLocation=str(tmp_path / "good.txt"), InferenceId="good"
+    )
     runtime.invoke_endpoint_async(EndpointName="ep", InputLocation=str(tmp_path / "bad.txt"), InferenceId="bad")
     received: dict[str, Any] = {}
 
@@ -444,7 +506,7 @@ def test_notifications_to_sns_topics(servers: Any, plugin_site: Any, tmp_path: P
 
     wait_until(both, 30, "the notifications did not reach the queue", poll=0.2)
     assert received["good"]["invocationStatus"] == "Completed"
-    assert received["good"]["responseParameters"]["outputLocation"] == str(tmp_path / "out" / "good.out")
+    assert received["good"]["responseParameters"]["outputLocation"] == good["OutputLocation"]
     assert received["bad"]["invocationStatus"] == "Failed"
     assert received["bad"]["eventSource"] == "aws:sagemaker"
     assert server.metric("inference_server_async_notification_failures_total") == 0
@@ -462,12 +524,50 @@ def test_a_notification_that_cannot_be_delivered_is_counted(
         *("--async-notify-success", f"http://127.0.0.1:{unused_port}/gone"),
     )
     (tmp_path / "input.txt").write_bytes(b"unheard")
-    _runtime(server).invoke_endpoint_async(
+    accepted = _runtime(server).invoke_endpoint_async(
         EndpointName="ep", InputLocation=str(tmp_path / "input.txt"), InferenceId="x"
     )
-    wait_until(lambda: (tmp_path / "out" / "x.out").exists(), 30, "no answer")
+    assert _answered(accepted) == b"UNHEARD"
     wait_until(
         lambda: server.metric("inference_server_async_notification_failures_total") == 1, 30, "the failure uncounted"
     )
     assert f"Notifying http://127.0.0.1:{unused_port}/gone of asynchronous request x failed" in server.output()
     assert server.metric("inference_server_async_requests_finished_total", outcome="done") == 1
+
+
+@pytest.mark.parametrize("backend", ["granian", "gunicorn"])
+def test_sigterm_lets_a_running_request_finish(servers: Any, plugin_site: Any, tmp_path: Path, backend: str) -> None:
+    """SIGTERM while an asynchronous request runs: the drain waits for it (its answer written, its entry finished)
+    and the requests still queued stay queued for the next start, none of them begun."""
+    server = _serve(
+        servers, plugin_site, tmp_path, "--server", backend, "--async-output", str(tmp_path / "out"), env={"SLEEP": "2"}
+    )
+    (tmp_path / "a.txt").write_bytes(b"running")
+    runtime = _runtime(server)
+    running = runtime.invoke_endpoint_async(EndpointName="ep", InputLocation=str(tmp_path / "a.txt"))
+    waiting = runtime.invoke_endpoint_async(EndpointName="ep", InputLocation=str(tmp_path / "a.txt"))
+    wait_until(lambda: server.metric("inference_server_async_requests", state="running") == 1, 30, "nothing ran")
+    assert server.stop(signal.SIGTERM, timeout=30) == 0
+    assert Path(running["OutputLocation"]).read_bytes() == b"RUNNING"
+    assert not Path(waiting["OutputLocation"]).exists()
+    assert _calls(tmp_path) == ["running"]
+    with contextlib.closing(sqlite3.connect(tmp_path / "queue" / "queue.sqlite3")) as db:
+        assert db.execute("SELECT state, attempts FROM entries").fetchall() == [("queued", 0)]
+
+
+def test_the_default_queue_is_the_servers_own(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Without --async-queue the queue is under XDG_STATE_HOME in a directory named after the server's output,
+    failure location, model directory and script: the same server finds it again, another never shares it."""
+    from inference_server._async_inference import default_queue_directory
+    from inference_server._settings import Settings
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    first = default_queue_directory(Settings.from_env({}, async_output="/srv/answers"))
+    assert first == default_queue_directory(Settings.from_env({}, async_output="/srv/answers"))
+    assert first.parent == tmp_path / "inference-server" / "async-queue"
+    for other in (
+        {"async_output": "/srv/other"},
+        {"async_output": "/srv/answers", "async_failure": "/srv/failures"},
+        {"async_output": "/srv/answers", "model_dir": "/srv/model-b"},
+    ):
+        assert default_queue_directory(Settings.from_env({}, **other)) != first

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from inference_server._capture import Capture
+from inference_server._capture import RECORD_BYTES, Capture
 from inference_server.errors import ConfigurationError
 from tests.conftest import local_aws_env, wait_until
 
@@ -72,6 +72,11 @@ def line_size(tmp_path: Path) -> int:
     capture.close()
     (path,) = files(tmp_path / "measure")
     return path.stat().st_size
+
+
+#: What ``record(input=CSV, output=None, ...)`` holds of the buffer until its line is made: its body's copy and
+#: RECORD_BYTES for the rest.
+HELD = len(CSV[1]) + RECORD_BYTES
 
 
 def test_a_record_has_exactly_sagemakers_fields(make: Make, tmp_path: Path) -> None:
@@ -272,8 +277,7 @@ def test_a_full_buffer_drops_counts_and_warns_once(
 ) -> None:
     """Past max_buffer_bytes records are dropped and counted, with one warning saying what to do; close() writes
     those kept and reports the drops not yet warned about."""
-    size = line_size(tmp_path)
-    capture = make(mode="input", max_buffer_bytes=2 * size + size // 2)
+    capture = make(mode="input", max_buffer_bytes=2 * HELD + HELD // 2)
     with caplog.at_level(logging.WARNING, logger="inference_server"):
         for index in range(20):
             capture.record(input=CSV, output=None, inference_id=str(index % 10), when=WHEN)
@@ -355,7 +359,8 @@ def test_records_kept_to_retry_stay_bounded_dropping_the_oldest(make: Make, tmp_
     size = line_size(tmp_path)
     blocked = tmp_path / "capture"
     blocked.write_bytes(b"")
-    capture = make(blocked, mode="input", max_buffer_bytes=3 * size + size // 2)
+    bound = 3 * HELD + HELD // 2
+    capture = make(blocked, mode="input", max_buffer_bytes=bound)
     for index in range(3):
         capture.record(input=CSV, output=None, inference_id=str(index), when=WHEN)
     handler = _RecordOnError(capture, 2)
@@ -364,10 +369,18 @@ def test_records_kept_to_retry_stay_bounded_dropping_the_oldest(make: Make, tmp_
         capture.flush()
     finally:
         logging.getLogger("inference_server").removeHandler(handler)
-    assert (capture.captured, capture.dropped, capture.write_errors) == (5, 2, 1)
+    # the three lines made for the failed write go back before the two records (held, not yet made) that came
+    # meanwhile; the oldest are dropped until what is left fits
+    held = [size] * 3 + [HELD] * 2
+    while sum(held) > bound:
+        held.pop(0)
+    dropped = 5 - len(held)
+    assert dropped >= 1
+    assert (capture.captured, capture.dropped, capture.write_errors) == (5, dropped, 1)
     blocked.unlink()
     capture.flush()
-    assert [record["eventMetadata"]["inferenceId"] for record in records(blocked)] == ["2", "3", "4"]
+    kept = [record["eventMetadata"]["inferenceId"] for record in records(blocked)]
+    assert kept == [str(index) for index in range(dropped, 5)]
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_FSIZE cuts writes short as Linux does")
@@ -551,3 +564,26 @@ def test_a_server_captures_every_invocation_and_flushes_on_sigterm(
     assert image["endpointInput"]["encoding"] == image["endpointOutput"]["encoding"] == "BASE64"
     stream = by_input[base64.b64encode(b"stream").decode()]["captureData"]["endpointOutput"]
     assert (stream["data"], stream["encoding"]) == ("one,two,three", "CSV")
+
+
+def test_a_stream_larger_than_the_buffer_is_let_go_as_it_passes(make: Make) -> None:
+    """A streamed answer is kept chunk by chunk only up to max_buffer_bytes: past it its chunks are let go at once
+    and its record dropped and counted, not joined first; a smaller one is captured whole once it ends."""
+    from inference_server._pipeline import Output, Stream
+
+    capture = make(max_buffer_bytes=1000 + RECORD_BYTES)
+    environ = {"CONTENT_TYPE": "text/plain"}
+    large = Stream(iter([b"b" * 400, b"c" * 400, b"d" * 400]))
+    capture.invocation(environ, b"in", Output([b"a" * 400], "text/plain", [], large))
+    assert large.next() is not None
+    assert large.next() is not None  # (1,200 bytes kept)
+    assert large.captured is not None
+    assert large.next() is not None  # (1,600: past the bound)
+    assert (large.captured, capture.dropped) == (None, 1)
+    assert large.next() is None
+    small = Stream(iter([b"y" * 10]))
+    capture.invocation(environ, b"in", Output([b"x" * 10], "text/plain", [], small))
+    while small.next() is not None:
+        pass
+    capture.close()
+    assert (capture.captured, capture.dropped) == (1, 1)

@@ -28,10 +28,12 @@ finish within ``--graceful-timeout``.
 from __future__ import annotations
 
 import datetime
+import hashlib
 import importlib.util
 import logging
 import os
 import re
+import stat
 import threading
 import time
 import urllib.error
@@ -66,18 +68,21 @@ RECOVER_EVERY = 5.0
 NOTIFY_TIMEOUT = 10.0
 #: An SNS topic's ARN, as SageMaker's NotificationConfig takes it.
 _SNS_ARN = re.compile(r"arn:aws[a-z\-]*:sns:([a-z0-9\-]*):[0-9]{12}:[a-zA-Z0-9_.\-]+")
-#: What an inference id may be to name its files as it is; another is named by a new UUID.
-_FILE_STEM = re.compile(r"[A-Za-z0-9][A-Za-z0-9._\-]{0,63}")
 
 
 class InputError(InferenceServerError):
     """The input of an asynchronous request could not be read (SageMaker's ``RequestDownloadFailures``)."""
 
 
-def default_queue_directory() -> Path:
-    """Where the queue lives unless ``--async-queue`` says: under ``$XDG_STATE_HOME``, else ``~/.local/state``."""
+def default_queue_directory(settings: Settings) -> Path:
+    """Where the queue lives unless ``--async-queue`` says: under ``$XDG_STATE_HOME`` (else ``~/.local/state``), in a
+    directory of the server's own, named by what makes it the same server when it starts again (its output and
+    failure locations, model directory and script): two servers of other models never run each other's requests."""
     state = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
-    return Path(state) / "inference-server" / "async-queue"
+    identity = "\0".join(
+        str(part) for part in (settings.async_output, settings.async_failure, settings.model_dir, settings.script)
+    )
+    return Path(state) / "inference-server" / "async-queue" / hashlib.sha256(identity.encode()).hexdigest()[:16]
 
 
 def check(settings: Settings) -> None:
@@ -102,7 +107,8 @@ def check(settings: Settings) -> None:
             raise ConfigurationError(
                 f"--{option.replace('_', '-')}: SNS notifications need boto3: pip install 'inference-server[aws]'"
             )
-    Queue.of(settings)  # (the directory can be made and the database opened)
+    Queue.of(settings).close()  # the directory can be made and the database opened (not kept: never across a fork)
+    Queue.forget(settings)
 
 
 class Queue:
@@ -112,8 +118,8 @@ class Queue:
 
     @classmethod
     def of(cls, settings: Settings) -> _asyncqueue.Queue:
-        directory = Path(settings.async_queue) if settings.async_queue else default_queue_directory()
-        key = (os.getpid(), directory.resolve())
+        key = cls._key(settings)
+        directory = key[1]
         queue = cls._opened.get(key)
         if queue is None:
             try:
@@ -121,6 +127,16 @@ class Queue:
             except (OSError, Exception) as exc:
                 raise ConfigurationError(f"the asynchronous requests' queue {str(directory)!r}: {exc}") from exc
         return queue
+
+    @classmethod
+    def forget(cls, settings: Settings) -> None:
+        """Drop this process's queue for ``settings`` (closed by the caller)."""
+        cls._opened.pop(cls._key(settings), None)
+
+    @staticmethod
+    def _key(settings: Settings) -> tuple[int, Path]:
+        directory = Path(settings.async_queue) if settings.async_queue else default_queue_directory(settings)
+        return os.getpid(), directory.resolve()
 
 
 def locations(settings: Settings, name: str) -> tuple[str, str]:
@@ -138,12 +154,11 @@ def _joined(location: str, name: str) -> str:
     return str(Path(location.removeprefix("file://")).absolute() / name)
 
 
-def file_stem(inference_id: str, filename: str | None, extension: str | None) -> str:
-    """The name (before ``.out``) of a request's files: its ``Filename`` (``S3OutputPathExtension`` before it), else
-    its inference id when that is a plain file name, else a new UUID."""
-    stem = filename if filename is not None else inference_id
-    if filename is None and not _FILE_STEM.fullmatch(inference_id):
-        stem = str(uuid.uuid4())
+def file_stem(filename: str | None, extension: str | None) -> str:
+    """The name (before ``.out``) of a request's files: its ``Filename`` (``S3OutputPathExtension`` before it), else a
+    new UUID, never the client's inference id (as SageMaker names them: a request sent again with the same id must
+    not find the answer of the one before)."""
+    stem = filename if filename is not None else str(uuid.uuid4())
     return f"{extension.strip('/')}/{stem}" if extension else stem
 
 
@@ -186,6 +201,8 @@ def read_input(location: str, limit: int = MAX_INPUT) -> bytearray:
         raise InputError(f"the input location {location!r} is an https URL: give an s3:// URL or a local path")
     try:
         store = _store(location)
+        if not hasattr(store, "fs") and not stat.S_ISREG(os.stat(store.root).st_mode):
+            raise InputError(f"the input location {location!r} is not a file")  # (a FIFO would block for ever)
         size = store.size(store.root)
     except (OSError, InferenceServerError) as exc:
         raise InputError(f"the input location {location!r} cannot be read: {exc}") from None
@@ -231,14 +248,28 @@ def _region() -> str:
     return os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "local"
 
 
+_sns_clients: dict[str, Any] = {}
+_sns_lock = threading.Lock()
+
+
+def _sns_client(region: str) -> Any:
+    """An SNS client for ``region``, made once, from a boto3 session of its own (the default session is not
+    thread-safe)."""
+    with _sns_lock:
+        client = _sns_clients.get(region)
+        if client is None:
+            import boto3  # type: ignore[import-untyped]
+
+            client = _sns_clients[region] = boto3.session.Session().client("sns", region_name=region or None)
+        return client
+
+
 def notify(target: str, message: dict[str, Any]) -> None:
     """Deliver ``message`` to ``target``: POSTed as JSON to an http(s) URL, or published to an SNS topic."""
     data = orjson.dumps(message)
     found = _SNS_ARN.fullmatch(target)
     if found is not None:
-        import boto3  # type: ignore[import-untyped]
-
-        boto3.client("sns", region_name=found.group(1) or None).publish(TopicArn=target, Message=data.decode())
+        _sns_client(found.group(1)).publish(TopicArn=target, Message=data.decode())
         return
     request = urllib.request.Request(target, data, {"Content-Type": "application/json"}, method="POST")
     with urllib.request.urlopen(request, timeout=NOTIFY_TIMEOUT) as answer:
@@ -309,8 +340,14 @@ class Runner:
             thread.join(max(deadline - time.monotonic(), 0))
 
     def _draining(self) -> bool:
+        """Whether to stop taking entries: asked to, or the worker drains or is to be replaced."""
         worker = self.app.worker
-        return self._stopping.is_set() or (worker is not None and worker.draining)
+        if self._stopping.is_set():
+            return True
+        if worker is None:
+            return False
+        stop_requested = getattr(worker, "stop_requested", None)
+        return worker.draining or (stop_requested is not None and bool(stop_requested()))
 
     def _serve(self) -> None:
         while not self._draining():
@@ -329,14 +366,23 @@ class Runner:
                 _wake.wait(POLL)
                 _wake.clear()
                 continue
+            worker = self.app.worker
+            if worker is not None:  # in flight from now on: a drain waits for it (--graceful-timeout)
+                worker.enter()
             try:
-                self.run(entry)
+                if self._draining():  # (the drain began as it was claimed)
+                    self.queue.release(entry)
+                else:
+                    self.run(entry)
             except Exception:  # our bug: the entry is failed, not left running for ever
                 logger.exception("Asynchronous request %s failed in the server", entry.request.get("inference_id"))
                 try:
                     self._failed(entry, 500, [b'{"message": "the server failed; see its log"}'], "application/json")
                 except Exception:
                     logger.exception("... and could not be finished: it runs again after a restart")
+            finally:
+                if worker is not None:
+                    worker.leave()
 
     def run(self, entry: _asyncqueue.Entry) -> None:
         """Run one entry to its end (see the module's text)."""
@@ -364,8 +410,10 @@ class Runner:
         answer = _Answer()
         chunks = self.app(self._environ(request, body), answer.start_response)
         try:
-            if answer.status == 503 and self._draining():  # refused by the drain: done after the restart
+            if answer.status == 503:  # refused for now (a drain, a full micro-batch queue, a model not ready)
                 self.queue.release(entry)
+                if not self._draining():
+                    time.sleep(POLL)
                 return
             if 200 <= answer.status < 300:
                 try:

@@ -13,7 +13,8 @@ ends (SIGKILL included), so an owner whose lock can be taken is gone, and its ru
 (a request that kills its worker each time must not kill every worker in turn). A process id would not do: ids are
 reused, and a worker replaced in a running server is a new owner.
 
-So an entry is done exactly once unless its process died while running it; then once more, from the start.
+So an entry is done exactly once unless its process died while running it; then again, from the start, up to
+:data:`MAX_ATTEMPTS` starts in all.
 """
 
 from __future__ import annotations
@@ -108,8 +109,11 @@ class Queue:
         """This process's owner token, its lock file held from the first call until the process ends."""
         if self._owner is None:
             token = uuid.uuid4().hex
-            fd = os.open(self.directory / "owners" / token, os.O_RDWR | os.O_CREAT, 0o600)
+            owners = self.directory / "owners"
+            # locked under a hidden name, then renamed: a file under its token is always locked while its owner lives
+            fd = os.open(owners / f".{token}", os.O_RDWR | os.O_CREAT, 0o600)
             fcntl.flock(fd, fcntl.LOCK_EX)
+            os.rename(owners / f".{token}", owners / token)
             self._owner = (token, fd)
         return self._owner[0]
 
@@ -177,10 +181,14 @@ class Queue:
             )
 
     def recover(self) -> int:
-        """Put back in the queue the running entries of owners that are gone (their lock file free); how many."""
+        """Put back in the queue the running entries of owners that are gone (their lock file free), and remove the
+        lock files of owners gone; how many entries."""
         with self._lock:
             owners = [row[0] for row in self._db.execute("SELECT DISTINCT owner FROM entries WHERE state = 'running'")]
         gone = [owner for owner in owners if owner is not None and not self._alive(owner)]
+        for path in (self.directory / "owners").iterdir():
+            if not path.name.startswith(".") and path.name not in owners and not self._alive(path.name):
+                path.unlink(missing_ok=True)
         if not gone:
             return 0
         with self._transaction() as db:

@@ -58,6 +58,9 @@ from inference_server.errors import ConfigurationError
 
 logger = logging.getLogger("inference_server")
 
+#: What a record is taken to hold in the buffer besides its bodies' bytes (their copies): its line's fields, as
+#: :meth:`Capture.record` counts it against ``max_buffer_bytes`` before the writer's thread makes its line.
+RECORD_BYTES = 512
 #: What each capture mode writes: (the request, the response).
 MODES = {"input": (True, False), "output": (False, True), "both": (True, True)}
 #: How a body without a content type is observed.
@@ -73,6 +76,15 @@ EXTRA = "pip install 'inference-server[s3]'"
 Body = tuple[str | None, bytes | bytearray | memoryview]
 #: A buffered record: when its inference was (seconds since the epoch) and its line.
 _Entry = tuple[float, bytes]
+#: A record as :meth:`Capture.record` keeps it until the writer makes its line: the bodies' copies and the ids.
+_Kept = tuple["Body | None", "Body | None", "str | None", "str | None"]
+
+
+def _held(kept: bytes | _Kept) -> int:
+    """What a buffered record holds: its line, or its bodies' copies and :data:`RECORD_BYTES`."""
+    if isinstance(kept, bytes):
+        return len(kept)
+    return RECORD_BYTES + sum(len(body[1]) for body in kept[:2] if body is not None)
 
 
 def media_type(content_type: str) -> str:
@@ -211,7 +223,7 @@ class Capture:
 
         self.captured = self.dropped = self.written = self.write_errors = self.record_errors = 0
         self._lock = threading.Lock()  # the buffer and the counters a request changes
-        self._waiting: collections.deque[_Entry] = collections.deque()
+        self._waiting: collections.deque[tuple[float, bytes | _Kept]] = collections.deque()
         self._waiting_bytes = 0
         self._in_flight = 0  # records taken by a flush and not yet written or put back
         self._closed = False
@@ -238,7 +250,14 @@ class Capture:
         custom = environ.get("HTTP_X_AMZN_SAGEMAKER_CUSTOM_ATTRIBUTES")
         media_type = output.media_type
 
-        def record(chunks: list[Any]) -> None:
+        def record(chunks: list[Any] | None) -> None:
+            if chunks is None or (
+                len(chunks) > 1 and sum(memoryview(chunk).nbytes for chunk in chunks) > self._max_buffer_bytes
+            ):  # (larger than the buffer: dropped before it is joined)
+                with self._lock:
+                    self.dropped += 1
+                self._warn_dropped()
+                return
             answer = chunks[0] if len(chunks) == 1 else b"".join(chunks)
             self.record(
                 input=(content_type, body),
@@ -250,7 +269,7 @@ class Capture:
         if output.stream is None:
             record(output.buffers)
         else:
-            output.stream.capture(output.buffers[0], record)
+            output.stream.capture(output.buffers[0], record, self._max_buffer_bytes)
 
     def record(
         self,
@@ -266,7 +285,7 @@ class Capture:
         Never raises: a record that cannot be built is logged and counted in ``record_errors``.
         """
         try:
-            size = sum(memoryview(body[1]).nbytes for body in (input, output) if body is not None)
+            size = RECORD_BYTES + sum(memoryview(body[1]).nbytes for body in (input, output) if body is not None)
         except Exception:
             self._record_failed()
             return
@@ -277,26 +296,28 @@ class Capture:
         if not fits:
             self._warn_dropped()
             return
-        try:
-            moment = self._clock() if when is None else when
-            line = self._line(input, output, inference_id, custom_attributes, moment)
-        except Exception:
-            self._record_failed()
-            return
-        if line is None:
-            return
+        if not ((self._input and input is not None) or (self._output and output is not None)):
+            return  # (nothing to capture in the mode)
+        moment = self._clock() if when is None else when
+        # the bodies copied (the request's buffers are not ours to keep), their line made by the writer thread
+        kept: _Kept = (
+            None if input is None or not self._input else (input[0], bytes(input[1])),
+            None if output is None or not self._output else (output[0], bytes(output[1])),
+            inference_id,
+            custom_attributes,
+        )
         start = dropped = False
         with self._lock:
             if self._closed:
                 self.dropped += 1
                 self._dropped_warned += 1  # not the buffer's fault: nothing to warn about
                 return
-            if self._waiting_bytes + len(line) > self._max_buffer_bytes:
+            if self._waiting_bytes + size > self._max_buffer_bytes:
                 self.dropped += 1
                 dropped = True
             else:
-                self._waiting.append((moment, line))
-                self._waiting_bytes += len(line)
+                self._waiting.append((moment, kept))
+                self._waiting_bytes += size
                 self.captured += 1
                 if self._thread is None:
                     self._thread = threading.Thread(target=self._run, name="data-capture", daemon=True)
@@ -313,14 +334,14 @@ class Capture:
                 taken, self._waiting = self._waiting, collections.deque()
                 self._waiting_bytes = 0
                 self._in_flight = len(taken)
-            unwritten = self._write(taken) if taken else []
+            unwritten = self._write(self._lines(taken)) if taken else []
             with self._lock:
                 self._in_flight = 0
                 self._waiting.extendleft(reversed(unwritten))
                 self._waiting_bytes += sum(len(line) for _, line in unwritten)
                 while self._waiting_bytes > self._max_buffer_bytes:
-                    _, line = self._waiting.popleft()
-                    self._waiting_bytes -= len(line)
+                    _, kept = self._waiting.popleft()
+                    self._waiting_bytes -= _held(kept)
                     self.dropped += 1
         self._warn_dropped()
 
@@ -343,6 +364,23 @@ class Capture:
             logger.error("data capture closed with %d records not written to %s", left, self.destination)
         self._next_drop_warning = 0.0
         self._warn_dropped()
+
+    def _lines(self, entries: collections.deque[tuple[float, bytes | _Kept]]) -> collections.deque[_Entry]:
+        """``entries`` with their lines made (on the writer's thread); one that cannot be made is counted and
+        logged."""
+        lines: collections.deque[_Entry] = collections.deque()
+        for moment, kept in entries:
+            if isinstance(kept, bytes):  # (made before: put back after a failed write)
+                lines.append((moment, kept))
+                continue
+            try:
+                line = self._line(kept[0], kept[1], kept[2], kept[3], moment)
+            except Exception:
+                self._record_failed()
+                continue
+            if line is not None:
+                lines.append((moment, line))
+        return lines
 
     def _line(
         self,

@@ -85,14 +85,15 @@ class Stream:
     """The chunks of an iterator that ``output_fn`` returned (a generator ``predict_fn`` made, encoded one by one),
     each made when asked for, in the invocation's context: the context variables its hooks saw."""
 
-    __slots__ = ("_chunks", "_ended", "captured", "context", "made", "records")
+    __slots__ = ("_captured_bytes", "_chunks", "_ended", "_limit", "captured", "context", "made", "records")
 
     def __init__(self, chunks: Iterator[Any]) -> None:
         self._chunks = chunks
         #: The chunks made so far of a stream being captured (SageMaker's Data Capture), and what is told them all
         #: once the stream ends whole (:meth:`capture`).
         self.captured: list[codecs.Buffer] | None = None
-        self._ended: Callable[[list[codecs.Buffer]], None] | None = None
+        self._ended: Callable[[list[codecs.Buffer] | None], None] | None = None
+        self._captured_bytes = self._limit = 0
         #: Where each chunk is made (set by :meth:`Pipeline.invoke` to the invocation's own).
         self.context = contextvars.Context()
         #: The records of an async generator ``predict_fn`` made, when they are what the chunks are made of: the
@@ -131,13 +132,21 @@ class Stream:
         self.made += 1
         chunk = _chunk(item)
         if self.captured is not None:
-            self.captured.append(chunk)
+            self._captured_bytes += memoryview(chunk).nbytes
+            if self._captured_bytes <= self._limit:
+                self.captured.append(chunk)
+            else:  # more than may be kept: let go of them, and say so at once
+                ended, self.captured, self._ended = self._ended, None, None
+                if ended is not None:
+                    ended(None)
         return chunk
 
-    def capture(self, first: codecs.Buffer, ended: Callable[[list[codecs.Buffer]], None]) -> None:
-        """Keep the chunks from ``first`` (made already) on, and tell ``ended`` them all if the stream ends whole."""
+    def capture(self, first: codecs.Buffer, ended: Callable[[list[codecs.Buffer] | None], None], limit: int) -> None:
+        """Keep the chunks from ``first`` (made already) on, and tell ``ended`` them all if the stream ends whole; or
+        None, and keep no more, once they pass ``limit`` bytes."""
         self.captured = [first]
         self._ended = ended
+        self._captured_bytes, self._limit = memoryview(first).nbytes, limit
 
     async def anext(self) -> codecs.Buffer | None:
         """On the event loop, for a stream of an async generator's records: the next chunk that is not empty, or

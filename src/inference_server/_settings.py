@@ -528,7 +528,7 @@ class Settings:
         "INFERENCE_SERVER_ASYNC_OUTPUT",
         str,
         "serve asynchronous inference (POST /endpoints/NAME/async-invocations, boto3's invoke_endpoint_async) and "
-        "write each answer to URI/<inference id>.out: a directory, or s3://bucket/prefix (the s3 extra), as "
+        "write each answer to URI/<uuid>.out: a directory, or s3://bucket/prefix (the s3 extra), as "
         "AsyncInferenceConfig's S3OutputPath",
         default_text="off",
     )
@@ -536,7 +536,7 @@ class Settings:
         None,
         "INFERENCE_SERVER_ASYNC_FAILURE",
         str,
-        "where failed asynchronous requests' errors are written, as URI/<inference id>-error.out "
+        "where failed asynchronous requests' errors are written, as URI/<uuid>-error.out "
         "(AsyncInferenceConfig's S3FailurePath)",
         default_text="the --async-output location",
     )

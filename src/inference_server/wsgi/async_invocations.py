@@ -21,6 +21,7 @@ from __future__ import annotations
 import re
 import time
 import uuid
+from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 from inference_server import _async_inference
@@ -42,6 +43,7 @@ _INFERENCE_ID = re.compile(r"[\x21-\x7e][\x20-\x7e]{0,63}")
 _FILENAME = re.compile(r"(?!.*\..*\.)[a-zA-Z0-9][a-zA-Z0-9\-_.]{0,31}")
 _EXTENSION = re.compile(r"(?!s3:|https:)[a-zA-Z0-9!_.*'()/\-]{1,512}")
 _ASCII = re.compile(r"[\x00-\x7f]{0,1024}")
+_DIGITS = re.compile(r"[0-9]{1,6}")
 
 
 def register(app: Service) -> None:
@@ -92,33 +94,35 @@ def register(app: Service) -> None:
         custom = _header(environ, "CUSTOM_ATTRIBUTES")
         if custom is not None and not _ASCII.fullmatch(custom):
             _invalid("the CustomAttributes must be up to 1024 ASCII characters")
-        output, failure = _async_inference.locations(
-            settings, _async_inference.file_stem(inference_id, filename, extension)
-        )
+        output, failure = _async_inference.locations(settings, _async_inference.file_stem(filename, extension))
         inline = location is None
         if inline:
             location = _async_inference.keep_inline(settings, bytes(body))
-        received = time.time()
-        accepted = _async_inference.accept(
-            settings,
-            {
-                "inference_id": inference_id,
-                "endpoint": endpoint,
-                "input": location,
-                "input_location": "(inline)" if inline else location,
-                "inline": inline,
-                "output": output,
-                "failure": failure,
-                **fields,
-                "custom_attributes": custom,
-                "request_id": request.request_id,
-                "timeout": timeout,
-                "ttl": ttl,
-                "received": received,
-                "received_time": _async_inference.timestamp(received),
-            },
-            ttl,
-        )
+        received, accepted = time.time(), False
+        try:
+            accepted = _async_inference.accept(
+                settings,
+                {
+                    "inference_id": inference_id,
+                    "endpoint": endpoint,
+                    "input": location,
+                    "input_location": "(inline)" if inline else location,
+                    "inline": inline,
+                    "output": output,
+                    "failure": failure,
+                    **fields,
+                    "custom_attributes": custom,
+                    "request_id": request.request_id,
+                    "timeout": timeout,
+                    "ttl": ttl,
+                    "received": received,
+                    "received_time": _async_inference.timestamp(received),
+                },
+                ttl,
+            )
+        finally:
+            if inline and not accepted:  # (refused, or the queue failed: its input is not kept)
+                Path(str(location)).unlink(missing_ok=True)
         if not accepted:
             raise ServiceUnavailable(
                 f"the asynchronous requests' queue is full ({settings.async_max_queue} queued or running; "
@@ -149,7 +153,7 @@ def _seconds(environ: WSGIEnvironment, header: str, name: str, bounds: tuple[int
     value = _header(environ, header)
     if value is None:
         return default
-    if not value.isdigit() or not least <= int(value) <= most:
+    if not _DIGITS.fullmatch(value) or not least <= int(value) <= most:
         _invalid(f"{name} must be a whole number of seconds from {least} to {most}, not {value[:40]!r}")
     return int(value)
 
