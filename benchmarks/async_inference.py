@@ -67,8 +67,8 @@ def _serve(site: Path, work: Path, sleep: float) -> h.Server:
     return h.Server("ours", command, port, env)
 
 
-def _submit(connection: http.client.HTTPConnection, location: str, number: int) -> float:
-    """Send one request; the seconds until its 202 was read."""
+def _submit(connection: http.client.HTTPConnection, location: str, number: int) -> tuple[float, str]:
+    """Send one request; the seconds until its 202 was read, and where its answer will be."""
     headers = {
         "X-Amzn-SageMaker-InputLocation": location,
         "X-Amzn-SageMaker-Content-Type": "application/octet-stream",
@@ -82,7 +82,7 @@ def _submit(connection: http.client.HTTPConnection, location: str, number: int) 
     took = time.perf_counter() - started
     if response.status != 202:
         raise RuntimeError(f"request {number}: {response.status}")
-    return took
+    return took, response.headers["X-Amzn-SageMaker-OutputLocation"]
 
 
 def _percentile(values: list[float], fraction: float) -> float:
@@ -100,7 +100,7 @@ def accepted(site: Path, requests: int, sleep: float) -> dict[str, float]:
             connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
             for number in range(100):
                 _submit(connection, str(source), number)
-            times = [_submit(connection, str(source), 100 + number) for number in range(requests)]
+            times = [_submit(connection, str(source), 100 + number)[0] for number in range(requests)]
             connection.close()
         finally:
             server.stop()
@@ -122,9 +122,9 @@ def large(site: Path, megabytes: int) -> dict[str, float]:
             idle = server._status("VmHWM")
             connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
             started = time.perf_counter()
-            _submit(connection, str(source), 0)
+            _, location = _submit(connection, str(source), 0)
             connection.close()
-            answer = work / "out" / "bench-0.out"
+            answer = Path(location)
             deadline = time.monotonic() + 600
             while not answer.exists() and time.monotonic() < deadline:
                 time.sleep(0.05)

@@ -43,13 +43,14 @@ from __future__ import annotations
 import base64
 import collections
 import contextlib
+import functools
 import logging
 import os
 import random
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -80,6 +81,22 @@ _Entry = tuple[float, bytes]
 _Kept = tuple["Body | None", "Body | None", "str | None", "str | None"]
 
 
+class _TooLarge(Exception):
+    """A body larger than the whole buffer: not copied."""
+
+
+def _copied(data: Any, limit: int) -> bytes:
+    """``data``'s bytes, kept (``bytes`` are not copied again); :class:`_TooLarge` past ``limit`` bytes, before any
+    copy; TypeError for what is not a buffer."""
+    if type(data) is bytes:
+        if len(data) > limit:
+            raise _TooLarge
+        return data
+    if memoryview(data).nbytes > limit:
+        raise _TooLarge
+    return bytes(data)
+
+
 def _held(kept: bytes | _Kept) -> int:
     """What a buffered record holds: its line, or its bodies' copies and :data:`RECORD_BYTES`."""
     if isinstance(kept, bytes):
@@ -90,6 +107,19 @@ def _held(kept: bytes | _Kept) -> int:
 def media_type(content_type: str) -> str:
     """A content type's media type, lower-cased, without parameters: ``Text/CSV; charset=utf-8`` -> ``text/csv``."""
     return content_type.partition(";")[0].strip().lower()
+
+
+def _event_ids(count: int) -> Iterator[str]:
+    """``count`` random (version 4) UUIDs as ``str(uuid.uuid4())`` writes them, from one read of ``os.urandom``: a
+    third of their cost one by one."""
+    digits = os.urandom(16 * count).hex()
+    for start in range(0, 32 * count, 32):
+        d = digits[start : start + 32]
+        yield f"{d[:8]}-{d[8:12]}-4{d[13:16]}-{_VARIANT[d[16]]}{d[17:20]}-{d[20:]}"
+
+
+#: The first hex digit of a UUID's variant field (RFC 9562: binary 10xx), from any hex digit.
+_VARIANT = {digit: "89ab"[int(digit, 16) & 3] for digit in "0123456789abcdef"}
 
 
 def inference_time(when: float) -> str:
@@ -215,6 +245,8 @@ class Capture:
         self._input, self._output = MODES[mode]
         #: media type -> how its bodies are written (any other: BASE64)
         self._encodings = {**dict.fromkeys(csv, "CSV"), **dict.fromkeys(json, "JSON")}
+        self._by_type: dict[str, str] = {}  # content type as observed -> its encoding
+        self._second, self._time = -1, ""  # the last inference time written, by its second
         self._prefix = f"{endpoint}/{variant}"
         self._max_buffer_bytes = max_buffer_bytes
         self._max_file_bytes = max_file_bytes
@@ -243,33 +275,38 @@ class Capture:
         and custom attributes from the WSGI ``environ``, and ``output`` (the pipeline's
         :class:`~inference_server._pipeline.Output`): a whole answer now, a streamed one once it ends whole, its
         chunks joined (what the lifecycle calls, for every route that invokes the model)."""
-        if not self.sampled():
+        if self._sampling < 1.0 and random.random() >= self._sampling:
             return
-        content_type = environ.get("CONTENT_TYPE") or None
-        inference_id = environ.get("HTTP_X_AMZN_SAGEMAKER_INFERENCE_ID")
-        custom = environ.get("HTTP_X_AMZN_SAGEMAKER_CUSTOM_ATTRIBUTES")
-        media_type = output.media_type
-
-        def record(chunks: list[Any] | None) -> None:
-            if chunks is None or (
-                len(chunks) > 1 and sum(memoryview(chunk).nbytes for chunk in chunks) > self._max_buffer_bytes
-            ):  # (larger than the buffer: dropped before it is joined)
-                with self._lock:
-                    self.dropped += 1
-                self._warn_dropped()
-                return
-            answer = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-            self.record(
-                input=(content_type, body),
-                output=(media_type, answer),
-                inference_id=inference_id,
-                custom_attributes=custom,
-            )
-
+        request = (
+            environ.get("CONTENT_TYPE") or None,
+            body,
+            output.media_type,
+            environ.get("HTTP_X_AMZN_SAGEMAKER_INFERENCE_ID"),
+            environ.get("HTTP_X_AMZN_SAGEMAKER_CUSTOM_ATTRIBUTES"),
+        )
         if output.stream is None:
-            record(output.buffers)
+            self._answered(request, output.buffers)
         else:
-            output.stream.capture(output.buffers[0], record, self._max_buffer_bytes)
+            output.stream.capture(output.buffers[0], functools.partial(self._answered, request), self._max_buffer_bytes)
+
+    def _answered(self, request: tuple[Any, ...], chunks: list[Any] | None) -> None:
+        """Record ``request`` (its content type, body, answer's media type and ids) with its answer's ``chunks`` (None:
+        more than the buffer holds)."""
+        if chunks is None or (
+            len(chunks) > 1 and sum(memoryview(chunk).nbytes for chunk in chunks) > self._max_buffer_bytes
+        ):  # (larger than the buffer: dropped before it is joined)
+            with self._lock:
+                self.dropped += 1
+            self._warn_dropped()
+            return
+        content_type, body, media_type, inference_id, custom = request
+        answer = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        self.record(
+            input=(content_type, body),
+            output=(media_type, answer),
+            inference_id=inference_id,
+            custom_attributes=custom,
+        )
 
     def record(
         self,
@@ -280,32 +317,36 @@ class Capture:
         custom_attributes: str | None = None,
         when: float | None = None,
     ) -> None:
-        """Buffer the record of one invocation (``when`` it was inferred, by default now), to be written soon.
+        """Buffer the record of one invocation (``when`` it was inferred, by default now), to be written soon: its
+        bodies copied (a copy of at most ``max_buffer_bytes``), its line made by the writer's thread.
 
         Never raises: a record that cannot be built is logged and counted in ``record_errors``.
         """
+        wanted_input = self._input and input is not None
+        wanted_output = self._output and output is not None
+        if not (wanted_input or wanted_output):
+            return  # (nothing to capture in the mode)
         try:
-            size = RECORD_BYTES + sum(memoryview(body[1]).nbytes for body in (input, output) if body is not None)
+            kept: _Kept = (
+                (input[0], _copied(input[1], self._max_buffer_bytes)) if wanted_input else None,  # type: ignore[index]
+                (output[0], _copied(output[1], self._max_buffer_bytes)) if wanted_output else None,  # type: ignore[index]
+                inference_id,
+                custom_attributes,
+            )
+        except _TooLarge:
+            kept = None  # type: ignore[assignment]
         except Exception:
             self._record_failed()
             return
-        with self._lock:  # (a record that cannot fit is dropped before its line is built: no encoding of it)
-            fits = self._waiting_bytes + size <= self._max_buffer_bytes or self._closed
-            if not fits:
-                self.dropped += 1
-        if not fits:
-            self._warn_dropped()
-            return
-        if not ((self._input and input is not None) or (self._output and output is not None)):
-            return  # (nothing to capture in the mode)
+        if kept is None:
+            size = self._max_buffer_bytes + 1
+        else:  # (what _held says, written out: this is the request's path)
+            size = RECORD_BYTES
+            if kept[0] is not None:
+                size += len(kept[0][1])
+            if kept[1] is not None:
+                size += len(kept[1][1])
         moment = self._clock() if when is None else when
-        # the bodies copied (the request's buffers are not ours to keep), their line made by the writer thread
-        kept: _Kept = (
-            None if input is None or not self._input else (input[0], bytes(input[1])),
-            None if output is None or not self._output else (output[0], bytes(output[1])),
-            inference_id,
-            custom_attributes,
-        )
         start = dropped = False
         with self._lock:
             if self._closed:
@@ -369,12 +410,14 @@ class Capture:
         """``entries`` with their lines made (on the writer's thread); one that cannot be made is counted and
         logged."""
         lines: collections.deque[_Entry] = collections.deque()
+        ids = _event_ids(len(entries))
         for moment, kept in entries:
+            event_id = next(ids)
             if isinstance(kept, bytes):  # (made before: put back after a failed write)
                 lines.append((moment, kept))
                 continue
             try:
-                line = self._line(kept[0], kept[1], kept[2], kept[3], moment)
+                line = self._line(kept[0], kept[1], kept[2], kept[3], moment, event_id)
             except Exception:
                 self._record_failed()
                 continue
@@ -389,6 +432,7 @@ class Capture:
         inference_id: str | None,
         custom_attributes: str | None,
         when: float,
+        event_id: str,
     ) -> bytes | None:
         """The record's JSON line, or None if there is nothing to capture in this mode."""
         capture: dict[str, dict[str, str]] = {}
@@ -398,19 +442,26 @@ class Capture:
             capture["endpointOutput"] = self._data(output, "OUTPUT")
         if not capture:
             return None
-        metadata = {"eventId": str(uuid.uuid4())}
+        metadata = {"eventId": event_id}
         if inference_id is not None:
             metadata["inferenceId"] = inference_id
         if custom_attributes is not None:
             metadata["customAttributes"] = custom_attributes
-        metadata["inferenceTime"] = inference_time(when)
+        second = int(when)
+        if second != self._second:  # (records come many a second: the time is written once for them)
+            self._second, self._time = second, inference_time(when)
+        metadata["inferenceTime"] = self._time
         record = {"captureData": capture, "eventMetadata": metadata, "eventVersion": "0"}
         return orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE)
 
     def _data(self, body: Body, mode: str) -> dict[str, str]:
         content_type, data = body
         observed = content_type or DEFAULT_CONTENT_TYPE
-        encoding = self._encodings.get(media_type(observed), "BASE64")
+        encoding = self._by_type.get(observed)
+        if encoding is None:  # (a content type's encoding, found once: a server sees few of them)
+            encoding = self._encodings.get(media_type(observed), "BASE64")
+            if len(self._by_type) < 256:
+                self._by_type[observed] = encoding
         text = ""
         if encoding != "BASE64":
             try:
@@ -424,8 +475,13 @@ class Capture:
     def _write(self, entries: collections.deque[_Entry]) -> list[_Entry]:
         """Write ``entries`` to their hours' files; the entries not written, if a write failed."""
         hours: dict[str, list[_Entry]] = {}
+        folders_of: dict[int, str] = {}  # (the hour's folder, made once an hour)
         for entry in entries:
-            hours.setdefault(hour_folder(entry[0]), []).append(entry)
+            hour = int(entry[0]) // 3600
+            folder = folders_of.get(hour)
+            if folder is None:
+                folder = folders_of[hour] = hour_folder(entry[0])
+            hours.setdefault(folder, []).append(entry)
         folders = list(hours)
         for index, folder in enumerate(folders):
             group, start = hours[folder], 0
