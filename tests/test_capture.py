@@ -587,3 +587,29 @@ def test_a_stream_larger_than_the_buffer_is_let_go_as_it_passes(make: Make) -> N
         pass
     capture.close()
     assert (capture.captured, capture.dropped) == (1, 1)
+
+
+def test_sampling_of_10000_requests_to_the_app(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """--data-capture-sampling 30 on 10,000 real invocations of the app (in process, through its WSGI interface):
+    the records written are 30% of them, within five standard deviations, each of a request that was answered."""
+    from inference_server import testing
+
+    monkeypatch.setenv("INFERENCE_SERVER_DATA_CAPTURE", str(tmp_path / "capture"))
+    monkeypatch.setenv("INFERENCE_SERVER_DATA_CAPTURE_SAMPLING", "30")
+    monkeypatch.setenv("INFERENCE_SERVER_METRICS", "false")
+    monkeypatch.setenv("INFERENCE_SERVER_ACCESS_LOG", "false")
+    monkeypatch.setenv("INFERENCE_SERVER_PLUGINS", "")  # (the built-in echo model alone)
+    testing.reset()
+    app = testing.client()
+    count = 10_000
+    for index in range(count):
+        answer = app.post("/invocations", data=f"{index}\n".encode(), content_type="text/csv")
+        assert answer.status_code == 200
+    captures = app.application.lifecycle.captures  # type: ignore[attr-defined]
+    captures.close()
+    found = _records(tmp_path / "capture")
+    sigma = math.sqrt(count * 0.3 * 0.7)
+    assert abs(len(found) - count * 0.3) < 5 * sigma, len(found)
+    inputs = {int(record["captureData"]["endpointInput"]["data"]) for record in found}
+    assert len(inputs) == len(found)
+    assert inputs <= set(range(count))
