@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 import _harness as h
+import _results
 
 MODEL = """
     import os
@@ -142,7 +143,9 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=300)
     parser.add_argument("--sleep", type=float, default=60)
     parser.add_argument("--input-mb", type=int, default=1024)
+    _results.add_argument(parser)
     args = parser.parse_args()
+    run = _results.Run("async_inference")
     site = h.plugin_site({"bench_model": MODEL})
     print(f"{os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d %H:%M')}; before: {h.load()}", flush=True)
     figures = accepted(site, args.requests, args.sleep)
@@ -158,6 +161,18 @@ def main() -> None:
     )
     print(f"after: {h.load()}")
     print(json.dumps({"accepted": figures, "large": memory}))
+    accepted_ms = {"ours p50": figures["p50_ms"], "ours p99": figures["p99_ms"]}
+    run.group("202 with 100 queued", "ms", "lower", accepted_ms, list(accepted_ms))
+    run.group("1 GB input: peak memory over the input", "x", "lower", {"ours": memory["ratio"]}, ["ours"])
+    run.compare("202 with 100 queued", "ours p99", None, ratio=figures["p99_ms"], target="< 50")
+    run.compare("1 GB input: peak memory over the input", "ours", None, ratio=memory["ratio"], target="<= 1.5")
+    run.write(
+        args.results,
+        "Asynchronous inference (async_inference.py)",
+        f"1 worker, --async-workers 1; {args.requests} requests sent after 100 queued, one connection; a "
+        f"{args.input_mb} MB input viewed by the model",
+        "no peer serves SageMaker's asynchronous inference on one machine",
+    )
 
 
 if __name__ == "__main__":

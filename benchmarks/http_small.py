@@ -467,7 +467,7 @@ def record(
     baseline: str | None,
 ) -> None:
     """The printed medians and ratios, as ``benchmarks/results/http_small*.json``."""
-    observability = run.variant == "observability"
+    observability = run.variant in ("observability", "data-capture")
     ours = [name for name in results if name.startswith("ours") or (observability and name != "bare granian")]
     spreads = {name: f"{h.spread(measured['invocations'])}/s over the rounds" for name, measured in results.items()}
     for group, key, unit, better, chart in (
@@ -478,7 +478,10 @@ def record(
         medians = {name: h.median(measured[key]) for name, measured in results.items()}
         run.group(group, unit, better, medians, ours, spreads if key == "invocations" else None, chart)
     post = "POST /invocations"
-    if observability:
+    if run.variant == "data-capture":
+        run.compare(post, "--data-capture", "default", target=">= 0.95x")
+        run.compare("server CPU per request", "--data-capture", "default")
+    elif observability:
         for name in ("default", "--no-metrics", "--no-access-log"):
             run.compare(post, name, "neither")
             run.compare("server CPU per request", name, "neither")
