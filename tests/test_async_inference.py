@@ -5,6 +5,7 @@ received by a real HTTP listener, the durable queue across SIGKILL and restarts.
 from __future__ import annotations
 
 import contextlib
+import http.client
 import http.server
 import json
 import os
@@ -571,3 +572,45 @@ def test_the_default_queue_is_the_servers_own(monkeypatch: pytest.MonkeyPatch, t
         {"async_output": "/srv/answers", "model_dir": "/srv/model-b"},
     ):
         assert default_queue_directory(Settings.from_env({}, **other)) != first
+
+
+SLOW_STREAM = """
+    import time
+
+    import inference_server
+
+    @inference_server.plugin_hook
+    def input_fn(input_data, content_type):
+        return bytes(input_data)
+
+    @inference_server.plugin_hook
+    def predict_fn(data, model):
+        for part in data.split(b","):
+            time.sleep(0.6)
+            yield part.upper()
+
+    @inference_server.plugin_hook
+    def output_fn(prediction, accept):
+        return prediction, "text/plain"
+"""
+
+
+def test_a_stream_is_bounded_by_its_invocation_timeout(servers: Any, plugin_site: Any, tmp_path: Path) -> None:
+    """An asynchronous request's streamed answer is bounded by its InvocationTimeoutSeconds, not --stream-timeout:
+    a stream longer than --stream-timeout is written whole (its chunks joined)."""
+    plugin_site.add("slow_stream", SLOW_STREAM)
+    server = servers.start(
+        *("--async-output", str(tmp_path / "out"), "--async-queue", str(tmp_path / "queue")),
+        *("--stream-timeout", "1"),
+        plugins=["slow_stream"],
+    )
+    (tmp_path / "a.txt").write_bytes(b"a,b,c")
+    accepted = _runtime(server).invoke_endpoint_async(
+        EndpointName="ep", InputLocation=str(tmp_path / "a.txt"), InvocationTimeoutSeconds=30
+    )
+    assert _answered(accepted) == b"ABC"
+    try:  # a real-time stream is still cut at --stream-timeout
+        cut = server.request("POST", "/invocations", b"a,b,c").body
+    except http.client.IncompleteRead as exc:
+        cut = exc.partial
+    assert cut != b"ABC", cut

@@ -46,6 +46,7 @@ from inference_server.wsgi._invoke import (
     Lifecycle,
     StreamFailed,
     Target,
+    stream_timeout,
 )
 from inference_server.wsgi._replies import Headers, Piecewise, Request
 
@@ -423,8 +424,8 @@ class AsyncLifecycle:
         if captures is not None:
             captures.invocation(environ, body, output)
         if output.stream is not None:
-            stream_timeout = self.settings.stream_timeout
-            deadline = start + stream_timeout if stream_timeout else None
+            timeout = stream_timeout(self.settings, environ)
+            deadline = start + timeout if timeout else None
             chunks = Chunks(output.buffers, output.stream, self, request, deadline)
             return 200, [("Content-Type", output.media_type), *output.headers], chunks
         headers = [("Content-Type", output.media_type), ("Content-Length", str(output.nbytes)), *output.headers]
@@ -518,9 +519,9 @@ class Chunks(Piecewise):
         raise AssertionError("not reached")
 
     async def _timed_out(self) -> None:
-        timeout = self._lifecycle.settings.stream_timeout
+        timeout = stream_timeout(self._lifecycle.settings, self._request.environ)
         logger.error(
-            "Request %s: the stream took longer than --stream-timeout (%d s); it is cut",
+            "Request %s: the stream took longer than its stream timeout (%d s); it is cut",
             self._request.request_id,
             timeout,
         )

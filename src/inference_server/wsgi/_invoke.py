@@ -41,6 +41,15 @@ CLIENT_DEADLINE = "inference_server.client_deadline"
 #: The environ key of a request's own timeout in seconds, in place of ``--timeout`` (an asynchronous request's
 #: ``InvocationTimeoutSeconds``); set only by the server's own code, never from a header.
 OWN_TIMEOUT = "inference_server.own_timeout"
+
+
+def stream_timeout(settings: Settings, environ: WSGIEnvironment) -> int:
+    """The seconds a streamed answer may take: the request's own timeout (``OWN_TIMEOUT``: an asynchronous request's
+    whole ``InvocationTimeoutSeconds``), else ``--stream-timeout`` (0: no limit)."""
+    own = environ.get(OWN_TIMEOUT)
+    return int(own) if own else settings.stream_timeout
+
+
 #: The header SageMaker passes the original ``TargetModel`` in, under both names its documentation has used.
 TARGET_MODEL_HEADERS = ("HTTP_X_AMZN_SAGEMAKER_TARGET_MODEL", "HTTP_X_AMZN_TARGET_MODEL")
 
@@ -388,7 +397,8 @@ class Lifecycle:
         if self.captures is not None:
             self.captures.invocation(environ, body, output)
         if output.stream is not None:
-            deadline = start + self.settings.stream_timeout if self.settings.stream_timeout else None
+            timeout = stream_timeout(self.settings, environ)
+            deadline = start + timeout if timeout else None
             streamed = Streamed(output.buffers, output.stream, self, request, deadline)
             return 200, [("Content-Type", output.media_type), *output.headers], streamed
         headers = [("Content-Type", output.media_type), ("Content-Length", str(output.nbytes)), *output.headers]
@@ -629,9 +639,9 @@ class Streamed:
             ) from None
 
     def _timed_out(self) -> NoReturn:
-        timeout = self._lifecycle.settings.stream_timeout
+        timeout = stream_timeout(self._lifecycle.settings, self._request.environ)
         logger.error(
-            "Request %s: the stream took longer than --stream-timeout (%d s); it is cut",
+            "Request %s: the stream took longer than its stream timeout (%d s); it is cut",
             self._request.request_id,
             timeout,
         )
