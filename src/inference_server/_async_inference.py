@@ -124,7 +124,7 @@ class Queue:
         if queue is None:
             try:
                 queue = cls._opened[key] = _asyncqueue.Queue(directory)
-            except (OSError, Exception) as exc:
+            except Exception as exc:
                 raise ConfigurationError(f"the asynchronous requests' queue {str(directory)!r}: {exc}") from exc
         return queue
 
