@@ -152,11 +152,13 @@ def _imported_anywhere(module: str) -> set[str]:
 
 
 #: The import cycles allowed, each closed by a package's face choosing a module below it only when called: the
-#: ``transform()`` function runs the local engine, ``serve`` the chosen backend (which import the package's names).
+#: ``transform()`` function runs the local engine, ``serve`` the chosen backend or engine (which import the package's
+#: names).
 DEFERRED_CHOICES = {
     (f"{OURS}.transform", f"{OURS}.transform.local"),
     (f"{OURS}.server", f"{OURS}.server.granian"),
     (f"{OURS}.server", f"{OURS}.server.gunicorn"),
+    (f"{OURS}.server", f"{OURS}.ray_serve"),
 }
 
 

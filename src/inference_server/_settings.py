@@ -33,6 +33,8 @@ SERVERS = ("gunicorn", "granian")
 #: granian's interfaces the app can be served through: WSGI (a thread per request), or RSGI or ASGI (the event-loop
 #: fronts).
 GRANIAN_INTERFACES = ("auto", "wsgi", "rsgi", "asgi")
+#: Where ``serve`` runs the app: on this machine (its ``--server``), or as a Ray Serve application.
+ENGINES = ("local", "ray")
 #: Where ``serve`` tells its workers which settings were given as options (see ``Settings.given``).
 GIVEN_ENV = "INFERENCE_SERVER_GIVEN"
 #: The request timeout in a Batch Transform container (``SAGEMAKER_BATCH=true``): SageMaker waits 600 s by default.
@@ -156,6 +158,17 @@ def _media_types(text: str) -> tuple[str, ...]:
         if media_type.count("/") != 1 or ";" in media_type or " " in media_type:
             raise ValueError(f"{media_type!r} is not a media type (type/subtype, no parameters)")
     return types
+
+
+def _autoscale(text: str) -> str:
+    """``MIN:MAX`` replicas, 0 <= MIN <= MAX, MAX >= 1."""
+    low, colon, high = text.strip().partition(":")
+    if not colon:
+        raise ValueError("must be MIN:MAX (two numbers of replicas)")
+    least, most = _int(low), _int(high)
+    if least < 0 or most < 1 or least > most:
+        raise ValueError("must be MIN:MAX with 0 <= MIN <= MAX and MAX >= 1")
+    return f"{least}:{most}"
 
 
 def _percentage(text: str) -> int:
@@ -418,6 +431,34 @@ class Settings:
         "event-loop request path: every route that invokes the model on an event loop, with the 504 at the "
         "deadline, async hooks and streams that hold no thread; the others on a bridge)",
         choices=GRANIAN_INTERFACES,
+    )
+    #: ``ray``: a Ray Serve application (:mod:`inference_server.ray_serve`) in place of ``--server``'s workers.
+    engine: str = _variable(
+        "local",
+        "INFERENCE_SERVER_ENGINE",
+        _one_of(ENGINES),
+        "local: serve on this machine with --server's workers; ray: deploy the app on Ray Serve (replicas on a Ray "
+        "cluster, behind Serve's HTTP proxy on --host and --port; needs the ray extra)",
+        choices=ENGINES,
+    )
+    ray_address: str | None = _variable(
+        None,
+        "INFERENCE_SERVER_RAY_ADDRESS",
+        str,
+        "with --engine ray: the Ray cluster to deploy on (auto, HOST:PORT or ray://...); else a local Ray is "
+        "started, and stopped with serve",
+        default_text="a local Ray",
+    )
+    replicas: int = _variable(
+        1, "INFERENCE_SERVER_REPLICAS", _integer(1), "with --engine ray: replicas of the app, each with its model"
+    )
+    autoscale: str | None = _variable(
+        None,
+        "INFERENCE_SERVER_AUTOSCALE",
+        _autoscale,
+        "with --engine ray: MIN:MAX replicas, added and removed by Serve's autoscaler on requests in flight (in "
+        "place of --replicas)",
+        default_text="off",
     )
     http2: bool = _variable(
         False,

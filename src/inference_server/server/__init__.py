@@ -127,7 +127,7 @@ def _log_summary(app: App, chosen_hooks: bool = False) -> list[str]:
     return warnings
 
 
-def _cannot_start(reason: str) -> int:
+def cannot_start(reason: str) -> int:
     """Say in one line on stderr why the server cannot start, after the lines logged so far; the exit status is 1."""
     _logging.flush()
     print(f"inference-server: error: {reason}", file=sys.stderr)
@@ -185,35 +185,39 @@ def _serve(settings: Settings, started: _preload.Started) -> int:
             from inference_server.server import gunicorn as backend  # type: ignore[no-redef]
         app = App(settings, _plugins.manager(), backend.BACKEND)
     except (PluginError, ConfigurationError) as exc:
-        return _cannot_start(str(exc))
+        return cannot_start(str(exc))
     problem = _port.in_use(settings)
     if problem is not None:
-        return _cannot_start(problem)
+        return cannot_start(problem)
     if settings.async_output is not None or settings.async_failure is not None:
         from inference_server import _async_inference
 
         try:
             _async_inference.check(settings)
         except ConfigurationError as exc:
-            return _cannot_start(str(exc))
+            return cannot_start(str(exc))
     if settings.grpc_port:
         from inference_server.grpc import front
 
         try:
             front.check()
         except ImportError as exc:
-            return _cannot_start(str(exc))
+            return cannot_start(str(exc))
     warnings = _log_summary(app, chosen_hooks)
     if settings.strict and warnings:
-        return _cannot_start(f"--strict: {len(warnings)} warning(s) at start-up, the first: {warnings[0]}")
+        return cannot_start(f"--strict: {len(warnings)} warning(s) at start-up, the first: {warnings[0]}")
     _raise_file_limit()
+    if settings.engine == "ray":
+        from inference_server import ray_serve
+
+        return ray_serve.serve(settings)
     try:
         _preload.preload(app, started)
     except ModelLoadError as exc:
-        return _cannot_start(f"{exc.description} (in model_fn, its traceback above; --no-preload to serve anyway)")
+        return cannot_start(f"{exc.description} (in model_fn, its traceback above; --no-preload to serve anyway)")
     except _preload.StartAgain as again:
         logger.warning("%s", again.warning)
         if settings.strict:
-            return _cannot_start(f"--strict: a warning at start-up: {again.warning}")
+            return cannot_start(f"--strict: a warning at start-up: {again.warning}")
         raise
     return backend.run(app)

@@ -34,6 +34,7 @@ from granian.server.mp import MPServer, WorkerProcess
 
 from inference_server import _logging, _plugins
 from inference_server._settings import Settings
+from inference_server.asgi import ASGI_BACKEND
 from inference_server.server import (
     KEEPALIVE,
     SLOW_CLIENT_THREADS,
@@ -111,7 +112,7 @@ BACKEND = Backend(
 #: granian's RSGI interface cannot tell a chunked body cut short from a whole one, its ASGI interface can.
 FRONT_BACKENDS = {
     "rsgi": Backend(check_head=True, body=Reading(verifies_chunked=False)),
-    "asgi": Backend(check_head=True),
+    "asgi": ASGI_BACKEND,
 }
 
 

@@ -27,12 +27,11 @@ Needs the extra: ``pip install 'inference-server[ray]'``.
 
 from __future__ import annotations
 
-import logging
-import os
 import time
 from pathlib import Path
 from typing import Any
 
+from inference_server import _ray
 from inference_server.errors import TransformError
 from inference_server.transform import TransformOptions, TransformSummary
 from inference_server.transform.tasks import Task, finish, kept_predictor, prepare, run_task
@@ -78,19 +77,10 @@ class _Worker:
 
 def _start(address: str | None, workers: int | None, quiet: bool) -> tuple[Any, bool]:
     try:
-        import ray
+        import ray  # noqa: F401
     except ImportError:
         raise TransformError(f"--engine ray needs Ray: {EXTRA}") from None
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # never phone home from a job
-    started = not ray.is_initialized()
-    if started:
-        # the driver's "ray" logger: Ray's lines below ERROR (the cluster started, its token, ...) only when not quiet;
-        # the actors' own output stays in Ray's session logs
-        where: dict[str, Any] = {"address": address} if address else {
-            "num_cpus": workers or 2, "include_dashboard": False, "_node_ip_address": "127.0.0.1"
-        }  # fmt: skip
-        ray.init(**where, log_to_driver=False, logging_level=logging.ERROR if quiet else logging.INFO)
-    return ray, started
+    return _ray.start(address, workers or 2, quiet=quiet)
 
 
 def run(
@@ -140,7 +130,7 @@ def run(
         for handle in [*idle, *(handle for _, handle in running.values())]:
             ray.kill(handle)
         if started_here:
-            ray.shutdown()
+            _ray.stop(ray)
     summary = finish(str(output), files, tasks, results)
     summary.seconds = time.monotonic() - began
     return summary

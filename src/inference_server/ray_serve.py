@@ -1,0 +1,163 @@
+"""inference-server on Ray Serve: the same hooks and settings as ``serve``, as a Ray Serve application.
+
+Each replica is a Ray actor running the ASGI app of :mod:`inference_server.asgi` behind Serve's HTTP proxy: the model
+is loaded once per replica (``model_fn`` when the replica starts), ``/invocations`` and the other routes that invoke
+the model run on the replica's event loop (async hooks on it, sync hooks on its threads), and every protocol of
+``serve`` answers the same bytes. Serve adds what it is for: replicas spread over a cluster, its autoscaler, its
+router and proxy, the replacement of a dead replica, graceful shutdown. Micro-batching is our batcher inside each
+replica (``--max-batch-size``), so requests are grouped per replica.
+
+From the command line::
+
+    inference-server serve --engine ray --replicas 2            # a local Ray, started and stopped with serve
+    inference-server serve --engine ray --ray-address auto --autoscale 1:8
+
+From Python, for a Ray deployment of your own (``serve.run``, a config file's ``import_path``)::
+
+    from ray import serve
+    from inference_server import ray_serve
+
+    serve.run(ray_serve.app(model_dir="/opt/ml/model", max_batch_size=16), route_prefix="/")
+
+Needs the extra: ``pip install 'inference-server[ray]'``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from typing import Any
+
+from inference_server import _logging, _ray
+from inference_server._settings import Settings
+from inference_server.asgi import Application
+from inference_server.errors import ConfigurationError
+
+__all__ = ["EXTRA", "app", "deployment_options", "replica_environ", "serve"]
+
+logger = logging.getLogger("inference_server")
+
+EXTRA = "pip install 'inference-server[ray]'"
+#: The Serve application's name (``serve status``, the replicas' actor names).
+NAME = "inference-server"
+#: Requests a replica takes at once: Serve's ``max_ongoing_requests``. Serve's default, 5, would starve
+#: micro-batching (a batch is formed from the requests a replica holds) and streams; past this, requests wait in
+#: Serve's router for a replica with room.
+MAX_ONGOING_REQUESTS = 256
+#: The prefixes of the variables a replica is given (:func:`replica_environ`).
+REPLICA_VARIABLES = ("SAGEMAKER_", "INFERENCE_SERVER_", "HF_")
+
+
+def _ray_serve() -> Any:
+    """The ``ray.serve`` module, or a :class:`ConfigurationError` naming the extra."""
+    try:
+        from ray import serve
+    except ImportError:
+        raise ConfigurationError(f"--engine ray needs Ray Serve: {EXTRA}") from None
+    return serve
+
+
+def replica_environ(settings: Settings) -> dict[str, str]:
+    """The variables each replica starts with, wherever it runs: those of this process that the server, the built-in
+    hooks and the containers' defaults read (``SAGEMAKER_*``, ``INFERENCE_SERVER_*``, ``HF_*``: the script's name,
+    the plugins chosen, the payload limit...), then the settings, and the log format resolved here (a replica's
+    stderr is a file, where the default would be JSON whatever the terminal)."""
+    environ = {name: value for name, value in os.environ.items() if name.startswith(REPLICA_VARIABLES)}
+    environ.update(settings.environ())
+    environ["INFERENCE_SERVER_LOG_FORMAT"] = _logging.resolve_format(settings.log_format)
+    return environ
+
+
+def deployment_options(settings: Settings) -> dict[str, Any]:
+    """Serve's deployment options for the settings: the replicas (or the autoscaler's bounds), the requests each
+    takes at once, and the drain's length (``--graceful-timeout``)."""
+    options: dict[str, Any] = {
+        "max_ongoing_requests": MAX_ONGOING_REQUESTS,
+        "graceful_shutdown_timeout_s": float(settings.graceful_timeout),
+    }
+    if settings.autoscale is not None:
+        least, most = (int(part) for part in settings.autoscale.split(":"))
+        options["num_replicas"] = "auto"
+        options["autoscaling_config"] = {
+            "min_replicas": least,
+            "initial_replicas": max(least, 1),
+            "max_replicas": most,
+        }
+    else:
+        options["num_replicas"] = settings.replicas
+    return options
+
+
+class InferenceServer:
+    """A replica of the app (Serve's ingress gives it the ASGI app, built when the replica starts)."""
+
+
+def app(settings: Settings | None = None, **options: Any) -> Any:
+    """A Ray Serve application (``serve.run`` takes it) serving the app for ``settings`` (else settings from
+    ``options``, named as :class:`~inference_server._settings.Settings`' fields, and the environment, as ``serve``
+    reads them). Give it ``route_prefix="/"``: SageMaker's routes are at the root."""
+    serve = _ray_serve()
+    settings = settings if settings is not None else Settings.from_env(**options)
+    ingress = serve.ingress(Application(replica_environ(settings)))
+    deployment = serve.deployment(name="InferenceServer", **deployment_options(settings))
+    return deployment(ingress(InferenceServer)).bind()
+
+
+def serve(settings: Settings) -> int:
+    """``serve --engine ray``: deploy the app on Ray Serve, its proxy on ``--host`` and ``--port``, then wait for
+    SIGTERM or SIGINT; then delete the application (Serve drains its replicas within ``--graceful-timeout``) and stop
+    the local Ray if it was started here. Returns the exit status."""
+    from inference_server.server import cannot_start
+
+    _ray.prepare(log_to_driver=True)
+    try:
+        serve_module = _ray_serve()
+    except ConfigurationError as exc:
+        return cannot_start(str(exc))
+    if settings.grpc_port:
+        return cannot_start(
+            "--grpc-port is not served with --engine ray: Serve's proxy carries HTTP (the Open Inference Protocol's "
+            "REST routes, /v2, are served)"
+        )
+    if settings.async_output is not None or settings.async_failure is not None:
+        return cannot_start("--async-output is not served with --engine ray yet; serve it with --engine local")
+    stopping = threading.Event()
+
+    def stop_when_told() -> None:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda number, frame: stopping.set())
+
+    stop_when_told()
+    most = int(settings.autoscale.split(":")[1]) if settings.autoscale else settings.replicas
+    # a local Ray: a CPU for each replica, at least this machine's; the replicas' lines (the access log) come here
+    ray, started_here = _ray.start(settings.ray_address, max(os.cpu_count() or 1, most), log_to_driver=True)
+    stop_when_told()  # again: Ray's core worker put its own handler (which aborts the process) in place of ours
+    began = time.monotonic()
+    try:
+        serve_module.start(http_options={"host": settings.host, "port": settings.port})
+        if not stopping.is_set():
+            # the replicas' access lines are ours (one per request, with its request id), Serve's would double them
+            quiet = {"enable_access_log": False, "log_level": "WARNING"}
+            serve_module.run(app(settings), name=NAME, route_prefix="/", logging_config=quiet)
+            replicas = f"{settings.autoscale} replicas (autoscaled)" if settings.autoscale else settings.replicas
+            logger.info(
+                "Serving on http://%s:%d through Ray Serve: %s replica(s) ready in %.1f s%s",
+                settings.host,
+                settings.port,
+                replicas,
+                time.monotonic() - began,
+                "" if started_here else f", on the cluster at {settings.ray_address}",
+            )
+        while not stopping.wait(1):
+            pass
+        logger.info("Stopping: Ray Serve drains the replicas (at most %d s)", settings.graceful_timeout)
+    finally:
+        if started_here:
+            serve_module.shutdown()
+            _ray.stop(ray)
+        else:
+            serve_module.delete(NAME)
+    return 0

@@ -1,0 +1,255 @@
+"""``serve --engine ray`` on a real local Ray, started and stopped by ``serve``: the seed's forecast plugin answers
+curl-style requests, boto3 (``invoke_endpoint`` and the response stream) and tritonclient with the same bytes as
+``serve`` on this machine; the replicas write the access lines; a killed replica is replaced while the other serves;
+an ``inference.py`` script's concurrent requests share ``predict_fn`` calls inside a replica; SIGTERM ends Serve and
+every process of the Ray it started. Without Ray Serve, ``--engine ray`` names the extra."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import boto3
+import numpy as np
+import orjson
+import pytest
+import tritonclient.http as triton
+
+from inference_server import _ray
+from tests.conftest import Server, free_port, wait_until
+from tests.test_asgi import FORECAST, JSON, REQUEST, assert_same_answers, forecast_environment
+
+pytestmark = [pytest.mark.timeout(300)]
+
+#: Seconds a Ray server gets to be ready: a local Ray, Serve's controller and proxy, the replicas and their models.
+READY = 180
+#: The replicas' actor processes, as ``ps`` names them.
+REPLICA = "ray::ServeReplica:inference-server:"
+
+
+class RayServer(Server):
+    """``serve --engine ray`` in its own session; every process below it is noted while it runs and ended when it
+    is stopped."""
+
+    def __init__(self, args: list[str], env: dict[str, str], log: Path) -> None:
+        super().__init__(["--engine", "ray", *args], env, log, new_session=True)
+        self.seen: dict[int, str] = {}
+
+    def wait_serving(self) -> RayServer:
+        """Wait until ``/ping`` answers 200 through Serve's proxy (a replica is ready)."""
+        end = time.monotonic() + READY
+        while time.monotonic() < end:
+            if self.process.poll() is not None:
+                raise AssertionError(f"serve --engine ray exited with {self.process.returncode}:\n{self.output()}")
+            with contextlib.suppress(OSError):
+                if self.request("GET", "/ping", timeout=5).status == 200:
+                    self.note()
+                    return self
+            time.sleep(0.2)
+        raise AssertionError(f"serve --engine ray not ready after {READY} s:\n{self.output()}")
+
+    def note(self) -> dict[int, str]:
+        """The processes below ``serve`` now (each with its start time), added to those seen."""
+        now = _ray._descendants(self.process.pid)
+        self.seen.update(now)
+        return now
+
+    def replicas(self) -> list[int]:
+        """The replicas' processes now."""
+        return [pid for pid in self.note() if _command(pid).startswith(REPLICA)]
+
+    def left(self) -> list[str]:
+        """The processes seen below ``serve`` that are still alive."""
+        return [f"{pid} {_command(pid)}" for pid, started in self.seen.items() if _ray._started(pid) == started]
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60) -> int:
+        if self.process.poll() is None:
+            self.note()
+        code = super().stop(sig, timeout)
+        for pid, started in self.seen.items():  # whatever a failed test left
+            if _ray._started(pid) == started:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+        return code
+
+
+def _command(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("model")
+    (path / "model.txt").write_text("the forecast needs no file")
+    return path
+
+
+@pytest.fixture(scope="module")
+def forecast(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator[RayServer]:
+    """The forecast plugin on Ray Serve, two replicas."""
+    log = tmp_path_factory.mktemp("ray") / "serve.log"
+    server = RayServer(["--replicas", "2", "--model-dir", str(model_dir)], forecast_environment(), log)
+    try:
+        yield server.wait_serving()
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def local(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator[Server]:
+    """The same plugin and settings on ``serve`` (granian), for comparison."""
+    log = tmp_path_factory.mktemp("local") / "serve.log"
+    server = Server(["--model-dir", str(model_dir)], forecast_environment(), log)
+    try:
+        yield server.wait_ready()
+    finally:
+        server.stop()
+
+
+def test_answers_are_the_same_bytes_as_serve(forecast: RayServer, local: Server) -> None:
+    """Every protocol's request set gets the status, our headers and the body (request ids aside) that serve gives."""
+    assert_same_answers(local, forecast)
+    assert orjson.loads(forecast.request("POST", "/invocations", REQUEST, JSON).body) == FORECAST
+
+
+def test_boto3_invokes_the_endpoint_and_reads_the_response_stream(forecast: RayServer) -> None:
+    """boto3's invoke_endpoint and invoke_endpoint_with_response_stream, unmodified, reach a replica."""
+    runtime = boto3.client(
+        "sagemaker-runtime",
+        endpoint_url=f"http://127.0.0.1:{forecast.port}",
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    )
+    answer = runtime.invoke_endpoint(EndpointName="forecast", Body=REQUEST, ContentType="application/json")
+    assert answer["ContentType"] == "application/json"
+    assert orjson.loads(answer["Body"].read()) == FORECAST
+    streamed = runtime.invoke_endpoint_with_response_stream(
+        EndpointName="forecast", Body=REQUEST, ContentType="application/json"
+    )
+    parts = b"".join(event["PayloadPart"]["Bytes"] for event in streamed["Body"] if "PayloadPart" in event)
+    assert orjson.loads(parts) == FORECAST
+
+
+def test_tritonclient_infers_through_serve(forecast: RayServer) -> None:
+    """tritonclient's HTTP client sees a ready server and model, and gets the forecast as binary tensors."""
+    client = triton.InferenceServerClient(f"127.0.0.1:{forecast.port}")
+    try:
+        assert client.is_server_ready()
+        assert client.is_model_ready("forecast")
+        location = triton.InferInput("location", [2], "FP64")
+        location.set_data_from_numpy(np.array([59.53, -1.63]))
+        result = client.infer("forecast", [location])
+        names = [output["name"] for output in result.get_response()["outputs"]]
+        assert {name: result.as_numpy(name).item().decode() for name in names} == FORECAST
+    finally:
+        client.close()
+
+
+def test_the_replicas_write_the_access_lines_with_the_request_id(forecast: RayServer) -> None:
+    """Each request's access line, written by the replica that answered, reaches serve's log with its request id."""
+    answer = forecast.request("POST", "/invocations", REQUEST, JSON)
+    assert answer.status == 200
+    request_id = answer.headers["x-request-id"]  # the proxy's, which the replica was given
+    wait_until(lambda: request_id in forecast.output(), 30, "no access line")
+    [line] = [line for line in forecast.output().splitlines() if request_id in line]
+    assert "ServeReplica" in line
+    assert "POST /invocations" in line
+    assert " 200 " in line
+
+
+def test_a_killed_replica_is_replaced_while_the_other_serves(forecast: RayServer) -> None:
+    """SIGKILL of a replica: requests keep being answered (by the other), and Serve starts a replica in its place."""
+    before = forecast.replicas()
+    assert len(before) == 2
+    os.kill(before[0], signal.SIGKILL)
+    answers = []
+    for _ in range(20):
+        answers.append(forecast.request("POST", "/invocations", REQUEST, JSON).status)
+        time.sleep(0.1)
+    wait_until(lambda: len(forecast.replicas()) == 2 and before[0] not in forecast.replicas(), 120, "not replaced")
+    assert answers.count(200) >= 19  # a request the router sent before it saw the replica die may fail
+    statuses = [forecast.request("POST", "/invocations", REQUEST, JSON).status for _ in range(10)]
+    assert statuses == [200] * 10
+
+
+def test_sigterm_ends_serve_and_every_process_of_its_ray(forecast: RayServer) -> None:
+    """SIGTERM: serve deletes the application, stops the Ray it started and exits 0, leaving no process of it."""
+    forecast.note()
+    assert any(_command(pid).startswith("ray::") for pid in forecast.seen)
+    forecast.process.send_signal(signal.SIGTERM)
+    assert forecast.process.wait(90) == 0
+    wait_until(lambda: not forecast.left(), 15, "processes left")
+
+
+SCRIPT = """
+    import os
+    import time
+
+    def model_fn(model_dir):
+        return "grouping"
+
+    def predict_fn(data, model):
+        with open(os.environ["CALLS_FILE"], "a") as calls:
+            calls.write(f"{len(data)}\\n")
+        time.sleep(0.2)
+        return [[len(data), row[0]] for row in data]
+"""
+
+
+def test_an_inference_script_micro_batches_inside_a_replica(tmp_path: Path) -> None:
+    """An inference.py script with --max-batch-size 8: 32 concurrent requests through Serve share predict_fn calls
+    (counted by the script), and each gets its own row."""
+    model = tmp_path / "model"
+    (model / "code").mkdir(parents=True)
+    (model / "code" / "inference.py").write_text(textwrap.dedent(SCRIPT))
+    calls = tmp_path / "calls.txt"
+    env = forecast_environment(CALLS_FILE=str(calls), SAGEMAKER_PROGRAM="inference.py", INFERENCE_SERVER_PLUGINS="")
+    server = RayServer(["--model-dir", str(model), "--max-batch-size", "8"], env, tmp_path / "serve.log")
+    try:
+        server.wait_serving()
+
+        def post(row: int) -> Any:
+            return server.request("POST", "/invocations", orjson.dumps([[row]]), JSON, timeout=60)
+
+        with concurrent.futures.ThreadPoolExecutor(32) as pool:
+            answers = list(pool.map(post, range(32)))
+        assert [answer.status for answer in answers] == [200] * 32
+        assert [orjson.loads(answer.body)[0][1] for answer in answers] == list(range(32))
+        sizes = [int(line) for line in calls.read_text().split()]
+        assert sum(sizes) == 32
+        assert len(sizes) < 32
+        assert max(sizes) > 1
+        assert server.stop() == 0
+        wait_until(lambda: not server.left(), 15, "processes left")
+    finally:
+        server.stop()
+
+
+def test_without_ray_serve_the_engine_names_the_extra(tmp_path: Path) -> None:
+    """With no importable Ray Serve, serve --engine ray exits 1 saying which extra to install."""
+    shadow = tmp_path / "shadow" / "ray"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('no Ray here')\n")
+    env = forecast_environment(PYTHONPATH=str(tmp_path / "shadow"))
+    done = subprocess.run(
+        [sys.executable, "-m", "inference_server", "serve", "--engine", "ray", "--port", str(free_port())],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1
+    assert "--engine ray needs Ray Serve: pip install 'inference-server[ray]'" in done.stderr
