@@ -15,6 +15,8 @@ How code blocks in ``docs/`` are written (fences start a line and name their lan
   of its opening (before its first example and its second ``##`` section). Every module the page's examples import
   or run is the standard library's, the quick start's (:data:`QUICK_START`), the install line's (:data:`IMPORT_NAMES`
   where names differ) or the page's own; a later ``pip install`` only installs a project of the page's own.
+- A process a ``sh`` block starts in a session of its own (``setsid cmd &``, then ``echo $! > NAME.session``) is
+  ended, with every process of its session, when the page ends, whatever happened (the page may end it first).
 - ``localhost:8080`` in ``python`` and ``sh`` blocks means the page's server; ``localhost:8081`` its gRPC port, when
   its ``serve`` command has ``--grpc-port 8081`` (given a free port instead).
 - A ``json`` or ``text`` block right after a ``sh`` block (nothing but blank lines between) is what that block
@@ -45,8 +47,10 @@ import json
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -79,6 +83,8 @@ INSTALLED = {
     "tutorial.md": "shipping_forecast",
     "how-to/client.md": "shipping_forecast",
 }
+#: Seconds a page's server has to answer ``/ping`` with 200 once it answers at all.
+SERVE_READY = 120
 LANGUAGES = {"python", "sh", "json", "toml", "console", "text"}
 
 _FENCE = re.compile(r"^```(?P<info>[^\n`]*)\n(?P<code>.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
@@ -285,7 +291,7 @@ class PageRun:
     def serve(self, command: str, block: Block) -> None:
         assignments, words = _words(command)
         if self.server is not None:
-            self.server.stop()
+            self.server.stop(timeout=60)  # (a server on Ray Serve stops its Ray)
         env = {"SAGEMAKER_MODEL_SERVER_WORKERS": "1", **self.env, **assignments}
         args = words[2:]
         self.grpc_port = None
@@ -300,7 +306,10 @@ class PageRun:
             self.server.wait_ready(60)
         except AssertionError as exc:
             pytest.fail(f"{self.where(block)}: {command}\n{exc}")
-        ping = self.server.request("GET", "/ping")
+        # (a server on Ray Serve: its proxy answers before a replica has loaded the model)
+        deadline = time.monotonic() + SERVE_READY
+        while (ping := self.server.request("GET", "/ping")).status != 200 and time.monotonic() < deadline:
+            time.sleep(0.2)
         assert ping.status == 200, f"{self.where(block)}: /ping answered {ping.status}:\n{self.server.output()}"
 
     def pip(self, command: str, block: Block) -> None:
@@ -374,7 +383,18 @@ class PageRun:
 
     def stop(self) -> None:
         for server in self.servers:
-            server.stop()
+            server.stop(timeout=60)
+        for session in self.work.glob("*.session"):  # what the page started in sessions of its own (setsid)
+            _end_session(int(session.read_text()))
+
+
+def _end_session(session: int) -> None:
+    """Kill every process of ``session`` (Linux's ``/proc``)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[3]) == session:  # (state, ppid, pgrp, session)
+                os.kill(int(stat.parent.name), signal.SIGKILL)
 
 
 def _run_page(page: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -203,35 +203,49 @@ SCRIPT = """
 
     def predict_fn(data, model):
         with open(os.environ["CALLS_FILE"], "a") as calls:
-            calls.write(f"{len(data)}\\n")
+            calls.write(f"{os.getpid()} {len(data)}\\n")
         time.sleep(0.2)
         return [[len(data), row[0]] for row in data]
 """
 
 
-def test_an_inference_script_micro_batches_inside_a_replica(tmp_path: Path) -> None:
-    """An inference.py script with --max-batch-size 8: 32 concurrent requests through Serve share predict_fn calls
-    (counted by the script), and each gets its own row."""
+def test_an_inference_script_micro_batches_inside_the_replicas_and_metrics_sum_them(tmp_path: Path) -> None:
+    """An inference.py script with --max-batch-size 8 on two replicas: 32 concurrent requests through Serve share
+    predict_fn calls (counted by the script) and each gets its own row; /metrics, whichever replica answers it,
+    counts the requests of both (they share serve's metrics directory on the local Ray)."""
     model = tmp_path / "model"
     (model / "code").mkdir(parents=True)
     (model / "code" / "inference.py").write_text(textwrap.dedent(SCRIPT))
     calls = tmp_path / "calls.txt"
     env = forecast_environment(CALLS_FILE=str(calls), SAGEMAKER_PROGRAM="inference.py", INFERENCE_SERVER_PLUGINS="")
-    server = RayServer(["--model-dir", str(model), "--max-batch-size", "8"], env, tmp_path / "serve.log")
+    options = ["--model-dir", str(model), "--max-batch-size", "8", "--replicas", "2"]
+    server = RayServer(options, env, tmp_path / "serve.log")
     try:
         server.wait_serving()
 
         def post(row: int) -> Any:
             return server.request("POST", "/invocations", orjson.dumps([[row]]), JSON, timeout=60)
 
+        sent = 0
         with concurrent.futures.ThreadPoolExecutor(32) as pool:
             answers = list(pool.map(post, range(32)))
-        assert [answer.status for answer in answers] == [200] * 32
-        assert [orjson.loads(answer.body)[0][1] for answer in answers] == list(range(32))
-        sizes = [int(line) for line in calls.read_text().split()]
-        assert sum(sizes) == 32
-        assert len(sizes) < 32
-        assert max(sizes) > 1
+            sent += 32
+            assert [answer.status for answer in answers] == [200] * 32
+            assert [orjson.loads(answer.body)[0][1] for answer in answers] == list(range(32))
+            sizes = [int(line.split()[1]) for line in calls.read_text().splitlines()]
+            assert sum(sizes) == 32
+            assert len(sizes) < 32
+            assert max(sizes) > 1
+            while len({line.split()[0] for line in calls.read_text().splitlines()}) < 2 and sent < 32 * 10:
+                assert {answer.status for answer in pool.map(post, range(32))} == {200}  # (until both served)
+                sent += 32
+        assert len({line.split()[0] for line in calls.read_text().splitlines()}) == 2
+
+        def counted() -> float:
+            return server.metric("inference_server_requests_total", route="/invocations")
+
+        wait_until(lambda: counted() == sent, 30, "the metrics do not count both replicas' requests")
+        assert [counted() for _ in range(6)] == [sent] * 6
         assert server.stop() == 0
         wait_until(lambda: not server.left(), 15, "processes left")
     finally:

@@ -44,6 +44,7 @@ def start(address: str | None, cpus: int, *, quiet: bool = False, log_to_driver:
         ray.init(address=address, log_to_driver=log_to_driver, logging_level=level)
         return ray, False
     ray.init(
+        address="local",  # a new Ray, even when one started by `ray start` runs on this machine (it would be joined)
         num_cpus=cpus,
         include_dashboard=False,
         _node_ip_address="127.0.0.1",
