@@ -145,7 +145,7 @@ from inference_server.transform import TransformOptions
 from inference_server.transform.ray import FileTransformer
 
 root, output = sys.argv[1], sys.argv[2]
-ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
+ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
 try:
     ray.data.DataContext.get_current().enable_progress_bars = False
     files = ray.data.from_items([{"path": f"{root}/{name}", "name": name} for name in ("a.csv", "b.csv")])

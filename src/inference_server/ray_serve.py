@@ -108,8 +108,8 @@ def app(settings: Settings | None = None, **options: Any) -> Any:
 
 def serve(settings: Settings) -> int:
     """``serve --engine ray``: deploy the app on Ray Serve, its proxy on ``--host`` and ``--port``, then wait for
-    SIGTERM or SIGINT; then delete the application (Serve drains its replicas within ``--graceful-timeout``) and stop
-    the local Ray if it was started here. Returns the exit status."""
+    SIGTERM or SIGINT; then delete the application (Serve drains its replicas within ``--graceful-timeout``), and stop
+    the local Ray if it was started here, or else Serve if it serves nothing else. Returns the exit status."""
     from inference_server.server import cannot_start
 
     _ray.prepare(log_to_driver=True)
@@ -158,6 +158,9 @@ def serve(settings: Settings) -> int:
         if started_here:
             serve_module.shutdown()
             _ray.stop(ray)
-        else:
+        else:  # (an existing cluster: ours goes, and Serve with it when it serves nothing else, so that the next
+            # serve can choose its port; Serve keeps the HTTP options it was first started with)
             serve_module.delete(NAME)
+            if not serve_module.status().applications:
+                serve_module.shutdown()
     return 0
