@@ -24,7 +24,8 @@ import orjson
 import pytest
 import tritonclient.http as triton
 
-from inference_server import _ray
+from inference_server import _ray, ray_serve
+from inference_server._settings import Settings
 from tests.conftest import Server, free_port, wait_until
 from tests.test_asgi import FORECAST, JSON, REQUEST, assert_same_answers, forecast_environment
 
@@ -204,7 +205,9 @@ SCRIPT = """
     def predict_fn(data, model):
         with open(os.environ["CALLS_FILE"], "a") as calls:
             calls.write(f"{os.getpid()} {len(data)}\\n")
-        time.sleep(0.2)
+        if data[0][0] == -1:  # a long request, running
+            open(os.environ["CALLS_FILE"] + ".long", "w").close()
+        time.sleep(3 if data[0][0] == -1 else 0.2)
         return [[len(data), row[0]] for row in data]
 """
 
@@ -212,7 +215,8 @@ SCRIPT = """
 def test_an_inference_script_micro_batches_inside_the_replicas_and_metrics_sum_them(tmp_path: Path) -> None:
     """An inference.py script with --max-batch-size 8 on two replicas: 32 concurrent requests through Serve share
     predict_fn calls (counted by the script) and each gets its own row; /metrics, whichever replica answers it,
-    counts the requests of both (they share serve's metrics directory on the local Ray)."""
+    counts the requests of both (they share serve's metrics directory on the local Ray); a request running when
+    serve is sent SIGTERM is answered, then serve ends its Ray."""
     model = tmp_path / "model"
     (model / "code").mkdir(parents=True)
     (model / "code" / "inference.py").write_text(textwrap.dedent(SCRIPT))
@@ -246,7 +250,12 @@ def test_an_inference_script_micro_batches_inside_the_replicas_and_metrics_sum_t
 
         wait_until(lambda: counted() == sent, 30, "the metrics do not count both replicas' requests")
         assert [counted() for _ in range(6)] == [sent] * 6
-        assert server.stop() == 0
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:  # SIGTERM while a request runs: it is answered
+            long = pool.submit(post, -1)
+            wait_until(lambda: Path(f"{calls}.long").exists(), 30, "the long request did not reach the model")
+            server.process.send_signal(signal.SIGTERM)
+            assert long.result().status == 200
+        assert server.process.wait(90) == 0
         wait_until(lambda: not server.left(), 15, "processes left")
     finally:
         server.stop()
@@ -267,3 +276,28 @@ def test_without_ray_serve_the_engine_names_the_extra(tmp_path: Path) -> None:
     )
     assert done.returncode == 1
     assert "--engine ray needs Ray Serve: pip install 'inference-server[ray]'" in done.stderr
+
+
+def test_the_settings_map_to_serves_deployment_options() -> None:
+    """--replicas gives a fixed count, --autoscale Serve's autoscaler bounds (starting with at least one replica);
+    each replica takes MAX_ONGOING_REQUESTS at once and drains for --graceful-timeout."""
+    fixed = ray_serve.deployment_options(Settings.from_env({}, replicas=3, graceful_timeout=7))
+    assert fixed == {"num_replicas": 3, "max_ongoing_requests": 256, "graceful_shutdown_timeout_s": 7.0}
+    scaled = ray_serve.deployment_options(Settings.from_env({}, autoscale="0:4"))
+    assert scaled["num_replicas"] == "auto"
+    assert scaled["autoscaling_config"] == {"min_replicas": 0, "initial_replicas": 1, "max_replicas": 4}
+
+
+@pytest.mark.parametrize("value", ["4", "3:1", "0:0", "a:b", "-1:2"])
+def test_a_wrong_autoscale_is_refused_at_start(value: str) -> None:
+    """--autoscale takes MIN:MAX with 0 <= MIN <= MAX and MAX >= 1; anything else stops serve with exit 2."""
+    done = subprocess.run(
+        [sys.executable, "-m", "inference_server", "serve", "--engine", "ray", f"--autoscale={value}"],
+        env=forecast_environment(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert "--autoscale" in done.stderr
+    assert "MIN:MAX" in done.stderr

@@ -165,7 +165,10 @@ def _autoscale(text: str) -> str:
     low, colon, high = text.strip().partition(":")
     if not colon:
         raise ValueError("must be MIN:MAX (two numbers of replicas)")
-    least, most = _int(low), _int(high)
+    try:
+        least, most = int(low), int(high)
+    except ValueError:
+        raise ValueError("must be MIN:MAX (two numbers of replicas)") from None
     if least < 0 or most < 1 or least > most:
         raise ValueError("must be MIN:MAX with 0 <= MIN <= MAX and MAX >= 1")
     return f"{least}:{most}"

@@ -132,22 +132,29 @@ def serve(settings: Settings) -> int:
 
     stop_when_told()
     most = int(settings.autoscale.split(":")[1]) if settings.autoscale else settings.replicas
-    # a local Ray: a CPU for each replica, at least this machine's; the replicas' lines (the access log) come here
-    ray, started_here = _ray.start(settings.ray_address, max(os.cpu_count() or 1, most), log_to_driver=True)
+    try:  # a local Ray: a CPU for each replica, at least this machine's; the replicas' lines (access lines) come here
+        ray, started_here = _ray.start(settings.ray_address, max(os.cpu_count() or 1, most), log_to_driver=True)
+    except Exception as exc:  # (Ray's ConnectionError, RuntimeError, ValueError: an address with no cluster...)
+        where = f"join the Ray cluster at {settings.ray_address}" if settings.ray_address else "start a local Ray"
+        return cannot_start(f"could not {where}: {_first_line(exc)}")
     stop_when_told()  # again: Ray's core worker put its own handler (which aborts the process) in place of ours
     began = time.monotonic()
     try:
-        serve_module.start(http_options={"host": settings.host, "port": settings.port})
+        try:
+            serve_module.start(http_options={"host": settings.host, "port": settings.port})
+            if not stopping.is_set():
+                # the replicas' access lines are ours (one per request, with its request id): Serve's would double
+                quiet = {"enable_access_log": False, "log_level": "WARNING"}
+                serve_module.run(app(settings), name=NAME, route_prefix="/", logging_config=quiet)
+        except Exception as exc:  # (Serve's RuntimeError: a replica that cannot start, its log above)
+            return cannot_start(f"Ray Serve could not deploy the app: {_first_line(exc)}")
         if not stopping.is_set():
-            # the replicas' access lines are ours (one per request, with its request id), Serve's would double them
-            quiet = {"enable_access_log": False, "log_level": "WARNING"}
-            serve_module.run(app(settings), name=NAME, route_prefix="/", logging_config=quiet)
-            replicas = f"{settings.autoscale} replicas (autoscaled)" if settings.autoscale else settings.replicas
+            autoscaled = f"{settings.autoscale} replicas (autoscaled)" if settings.autoscale else None
             logger.info(
-                "Serving on http://%s:%d through Ray Serve: %s replica(s) ready in %.1f s%s",
+                "Serving on http://%s:%d through Ray Serve: %s ready in %.1f s%s",
                 settings.host,
                 settings.port,
-                replicas,
+                autoscaled or f"{settings.replicas} replica(s)",
                 time.monotonic() - began,
                 "" if started_here else f", on the cluster at {settings.ray_address}",
             )
@@ -155,12 +162,25 @@ def serve(settings: Settings) -> int:
             pass
         logger.info("Stopping: Ray Serve drains the replicas (at most %d s)", settings.graceful_timeout)
     finally:
-        if started_here:
-            serve_module.shutdown()
-            _ray.stop(ray)
-        else:  # (an existing cluster: ours goes, and Serve with it when it serves nothing else, so that the next
-            # serve can choose its port; Serve keeps the HTTP options it was first started with)
-            serve_module.delete(NAME)
-            if not serve_module.status().applications:
-                serve_module.shutdown()
+        _stop(serve_module, ray, started_here)
     return 0
+
+
+def _stop(serve_module: Any, ray: Any, started_here: bool) -> None:
+    """Delete the application first: its replicas finish their requests (at most ``--graceful-timeout``) while the
+    proxy still carries their answers (Serve's shutdown alone stops the proxies at once, cutting them). Then stop
+    Serve, and the local Ray if it was started here; on a cluster, Serve only when it serves nothing else (so that
+    the next ``serve`` can choose its port: Serve keeps the HTTP options it was first started with)."""
+    try:
+        serve_module.delete(NAME)
+        if started_here or not serve_module.status().applications:
+            serve_module.shutdown()
+    except Exception:  # (the cluster gone, Serve never started): what is left of a local Ray is ended below
+        logger.warning("Ray Serve could not be stopped cleanly", exc_info=True)
+    if started_here:
+        _ray.stop(ray)
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
