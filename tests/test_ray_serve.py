@@ -98,10 +98,20 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def forecast(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator[RayServer]:
-    """The forecast plugin on Ray Serve, two replicas."""
+def model_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A --model-root with one more model, for TargetModel."""
+    path = tmp_path_factory.mktemp("root")
+    (path / "forecast-v2").mkdir()
+    (path / "forecast-v2" / "model.txt").write_text("the forecast, again")
+    return path
+
+
+@pytest.fixture(scope="module")
+def forecast(tmp_path_factory: pytest.TempPathFactory, model_dir: Path, model_root: Path) -> Iterator[RayServer]:
+    """The forecast plugin on Ray Serve, two replicas, with a model root for TargetModel."""
     log = tmp_path_factory.mktemp("ray") / "serve.log"
-    server = RayServer(["--replicas", "2", "--model-dir", str(model_dir)], forecast_environment(), log)
+    options = ["--replicas", "2", "--model-dir", str(model_dir), "--model-root", str(model_root)]
+    server = RayServer(options, forecast_environment(), log)
     try:
         yield server.wait_serving()
     finally:
@@ -109,10 +119,10 @@ def forecast(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Itera
 
 
 @pytest.fixture(scope="module")
-def local(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator[Server]:
+def local(tmp_path_factory: pytest.TempPathFactory, model_dir: Path, model_root: Path) -> Iterator[Server]:
     """The same plugin and settings on ``serve`` (granian), for comparison."""
     log = tmp_path_factory.mktemp("local") / "serve.log"
-    server = Server(["--model-dir", str(model_dir)], forecast_environment(), log)
+    server = Server(["--model-dir", str(model_dir), "--model-root", str(model_root)], forecast_environment(), log)
     try:
         yield server.wait_ready()
     finally:
@@ -142,6 +152,28 @@ def test_boto3_invokes_the_endpoint_and_reads_the_response_stream(forecast: RayS
     )
     parts = b"".join(event["PayloadPart"]["Bytes"] for event in streamed["Body"] if "PayloadPart" in event)
     assert orjson.loads(parts) == FORECAST
+
+
+def test_a_target_model_loads_once_on_each_replica_that_serves_it(forecast: RayServer) -> None:
+    """boto3's invoke_endpoint with a TargetModel of the model root reaches a replica, which loads the model on first
+    use and keeps it: 20 requests load it at most once per replica."""
+    runtime = boto3.client(
+        "sagemaker-runtime",
+        endpoint_url=f"http://127.0.0.1:{forecast.port}",
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    )
+    for _ in range(20):
+        answer = runtime.invoke_endpoint(
+            EndpointName="forecast", TargetModel="forecast-v2", Body=REQUEST, ContentType="application/json"
+        )
+        assert orjson.loads(answer["Body"].read()) == FORECAST
+    loads = [
+        line for line in forecast.output().splitlines() if "Loading the model from " in line and "forecast-v2" in line
+    ]
+    assert 1 <= len(loads) <= 2
+    assert len({line.split(")")[0] for line in loads}) == len(loads)  # (each from a replica of its own)
 
 
 def test_tritonclient_infers_through_serve(forecast: RayServer) -> None:
