@@ -159,6 +159,25 @@ def test_a_plugin_that_cannot_load_fails_the_startup_with_the_reason(uvicorn: An
     assert "no_such_plugin" in server.output()
 
 
+BROKEN = """
+    import inference_server
+
+    @inference_server.plugin_hook
+    def model_fn(model_dir):
+        raise OSError("the weights are missing")
+"""
+
+
+def test_a_model_that_cannot_load_fails_the_startup_with_the_reason(uvicorn: Any, plugin_site: PluginSite) -> None:
+    """A model_fn that raises: the lifespan's startup fails saying so (a replica on Ray Serve is then replaced, never
+    left answering /ping 503), and uvicorn exits non-zero."""
+    plugin_site.add("broken_model", BROKEN)
+    server = uvicorn(INFERENCE_SERVER_PLUGINS="broken_model", PYTHONPATH=str(plugin_site.path))
+    assert server.process.wait(60) != 0
+    assert "the weights are missing" in server.output()
+    assert "Application startup failed" in server.output()
+
+
 ASYNC = """
     import asyncio
     import threading

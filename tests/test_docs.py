@@ -15,8 +15,9 @@ How code blocks in ``docs/`` are written (fences start a line and name their lan
   of its opening (before its first example and its second ``##`` section). Every module the page's examples import
   or run is the standard library's, the quick start's (:data:`QUICK_START`), the install line's (:data:`IMPORT_NAMES`
   where names differ) or the page's own; a later ``pip install`` only installs a project of the page's own.
-- A process a ``sh`` block starts in a session of its own (``setsid cmd &``, then ``echo $! > NAME.session``) is
-  ended, with every process of its session, when the page ends, whatever happened (the page may end it first).
+- A process a ``sh`` block starts in a session of its own, writing the session's id to ``NAME.session`` in the page's
+  directory (``setsid bash -c 'echo $$ > NAME.session; exec cmd' &``), is ended, with every process of its
+  session, when the page ends, whatever happened (the page may end it first).
 - ``localhost:8080`` in ``python`` and ``sh`` blocks means the page's server; ``localhost:8081`` its gRPC port, when
   its ``serve`` command has ``--grpc-port 8081`` (given a free port instead).
 - A ``json`` or ``text`` block right after a ``sh`` block (nothing but blank lines between) is what that block

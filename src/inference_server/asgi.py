@@ -9,7 +9,8 @@ variables as ``serve``'s (``INFERENCE_SERVER_*``, ``SAGEMAKER_*``), or from a ma
 
 What ``serve`` adds around the app stays with ``serve``: worker processes sharing one loaded model, the drain on
 SIGTERM, the replacement of stuck workers, the metrics summed over workers. Under another server the process is
-that server's: the model is loaded once per process, at the lifespan's startup (or with the first request when the
+that server's: the model is loaded once per process, at the lifespan's startup (a model or plugin that cannot load
+fails the startup, with the reason; or with the first request when the
 server sends no lifespan events), and ``/metrics`` counts that process's requests.
 
 The app holds only its settings until it starts, so it can be pickled and started elsewhere: that is how
@@ -47,6 +48,7 @@ class Application:
         self.environ = dict(environ) if environ is not None else None
         self._front: AsgiFront | None = None
         self._starting: asyncio.Lock | None = None
+        self._failed: BaseException | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         return {"environ": self.environ}
@@ -71,8 +73,14 @@ class Application:
         if self._starting is None:
             self._starting = asyncio.Lock()
         async with self._starting:
+            if self._failed is not None:  # (once: a server without lifespan events would build it for each request)
+                raise self._failed
             if self._front is None:
-                front = await asyncio.to_thread(self._build)
+                try:
+                    front = await asyncio.to_thread(self._build)
+                except Exception as exc:
+                    self._failed = exc
+                    raise
                 front.adopt(asyncio.get_running_loop())
                 self._front = front
         return self._front
@@ -87,7 +95,7 @@ class Application:
         app = App(settings, _plugins.manager(), ASGI_BACKEND)
         if app.recorder is not None:
             app.recorder.start_flushing()
-        load_model(app)
+        load_model(app, required=True)  # (a model that cannot load fails the startup: the server says why)
         return AsgiFront(app)
 
     async def _lifespan(self, receive: Any, send: Any) -> None:

@@ -12,7 +12,7 @@ From the command line::
     inference-server serve --engine ray --replicas 2            # a local Ray, started and stopped with serve
     inference-server serve --engine ray --ray-address auto --autoscale 1:8
 
-From Python, for a Ray deployment of your own (``serve.run``, a config file's ``import_path``)::
+From Python, in a Ray driver of your own::
 
     from ray import serve
     from inference_server import ray_serve
@@ -24,6 +24,7 @@ Needs the extra: ``pip install 'inference-server[ray]'``.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -47,6 +48,8 @@ NAME = "inference-server"
 #: micro-batching (a batch is formed from the requests a replica holds) and streams; past this, requests wait in
 #: Serve's router for a replica with room.
 MAX_ONGOING_REQUESTS = 256
+#: The settings that name local paths, given to the replicas as absolute ones.
+_PATHS = ("model_dir", "script", "model_root")
 #: The prefixes of the variables a replica is given (:func:`replica_environ`).
 REPLICA_VARIABLES = ("SAGEMAKER_", "INFERENCE_SERVER_", "HF_")
 
@@ -66,7 +69,9 @@ def replica_environ(settings: Settings) -> dict[str, str]:
     the plugins chosen, the payload limit...), then the settings, and the log format resolved here (a replica's
     stderr is a file, where the default would be JSON whatever the terminal)."""
     environ = {name: value for name, value in os.environ.items() if name.startswith(REPLICA_VARIABLES)}
-    environ.update(settings.environ())
+    local = {field: getattr(settings, field) for field in _PATHS if getattr(settings, field)}
+    absolute = {field: os.path.abspath(path) for field, path in local.items() if "://" not in path}
+    environ.update(dataclasses.replace(settings, **absolute).environ())  # (a replica's working directory is Ray's)
     environ["INFERENCE_SERVER_LOG_FORMAT"] = _logging.resolve_format(settings.log_format)
     return environ
 
@@ -134,17 +139,28 @@ def serve(settings: Settings) -> int:
     most = int(settings.autoscale.split(":")[1]) if settings.autoscale else settings.replicas
     try:  # a local Ray: a CPU for each replica, at least this machine's; the replicas' lines (access lines) come here
         ray, started_here = _ray.start(settings.ray_address, max(os.cpu_count() or 1, most), log_to_driver=True)
-    except Exception as exc:  # (Ray's ConnectionError, RuntimeError, ValueError: an address with no cluster...)
+    except BaseException as exc:  # (SIGTERM while Ray starts is its SystemExit): end what it started, if anything
+        import ray as ray_module
+
+        _ray.stop(ray_module)
+        if not isinstance(exc, Exception):
+            raise
         where = f"join the Ray cluster at {settings.ray_address}" if settings.ray_address else "start a local Ray"
         return cannot_start(f"could not {where}: {_first_line(exc)}")
     stop_when_told()  # again: Ray's core worker put its own handler (which aborts the process) in place of ours
-    began = time.monotonic()
+    began, ours = time.monotonic(), False
     try:
         try:
             serve_module.start(http_options={"host": settings.host, "port": settings.port})
+            if not started_here and NAME in serve_module.status().applications:
+                return cannot_start(
+                    f"an application named {NAME!r} already runs on the Ray cluster at {settings.ray_address} "
+                    "(another serve --engine ray): stop it first"
+                )
             if not stopping.is_set():
                 # the replicas' access lines are ours (one per request, with its request id): Serve's would double
                 quiet = {"enable_access_log": False, "log_level": "WARNING"}
+                ours = True
                 serve_module.run(app(settings), name=NAME, route_prefix="/", logging_config=quiet)
         except Exception as exc:  # (Serve's RuntimeError: a replica that cannot start, its log above)
             return cannot_start(f"Ray Serve could not deploy the app: {_first_line(exc)}")
@@ -162,18 +178,20 @@ def serve(settings: Settings) -> int:
             pass
         logger.info("Stopping: Ray Serve drains the replicas (at most %d s)", settings.graceful_timeout)
     finally:
-        _stop(serve_module, ray, started_here)
+        _stop(serve_module, ray, started_here, ours)
     return 0
 
 
-def _stop(serve_module: Any, ray: Any, started_here: bool) -> None:
+def _stop(serve_module: Any, ray: Any, started_here: bool, ours: bool) -> None:
     """Delete the application first: its replicas finish their requests (at most ``--graceful-timeout``) while the
     proxy still carries their answers (Serve's shutdown alone stops the proxies at once, cutting them). Then stop
     Serve, and the local Ray if it was started here; on a cluster, Serve only when it serves nothing else (so that
-    the next ``serve`` can choose its port: Serve keeps the HTTP options it was first started with)."""
+    the next ``serve`` can choose its port: Serve keeps the HTTP options it was first started with). ``ours``: the
+    application was deployed here (else the one of that name is another's, and stays)."""
     try:
-        serve_module.delete(NAME)
-        if started_here or not serve_module.status().applications:
+        if ours:
+            serve_module.delete(NAME)
+        if started_here or (ours and not serve_module.status().applications):
             serve_module.shutdown()
     except Exception:  # (the cluster gone, Serve never started): what is left of a local Ray is ended below
         logger.warning("Ray Serve could not be stopped cleanly", exc_info=True)

@@ -51,15 +51,16 @@ def server_threads(settings: Settings) -> int:
     return settings.threads + EXTRA_SERVER_THREADS
 
 
-def load_model(app: App) -> None:
+def load_model(app: App, required: bool = False) -> None:
     """Load the model in a worker before it serves, unless it has the one the serving process loaded before it
-    started (:mod:`._preload`); a failure is logged (with its traceback) and /ping says 503."""
+    started (:mod:`._preload`); a failure is logged (with its traceback) and /ping says 503, or with ``required``
+    raises :class:`ModelLoadError` (a replica on Ray Serve, which Serve then replaces)."""
     _models.warn_missing_dir = False  # the serving process warned once already
     if app.multi_model is not None:
         app.multi_model.start_watching()
     if not app.settings.multi_model:  # (else models are loaded through /models)
         started, preloaded = time.perf_counter(), _preload.preloaded()
-        with contextlib.suppress(ModelLoadError):
+        with contextlib.nullcontext() if required else contextlib.suppress(ModelLoadError):
             app.model()  # (preloaded: in the store already, the serving process's)
             if preloaded:
                 logger.info("Worker %d: serving the model loaded before it started (shared)", os.getpid())
