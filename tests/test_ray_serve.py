@@ -6,6 +6,7 @@ every process of the Ray it started. Without Ray Serve, ``--engine ray`` names t
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import contextlib
 import os
@@ -33,6 +34,8 @@ pytestmark = [pytest.mark.timeout(300)]
 
 #: Seconds a Ray server gets to be ready: a local Ray, Serve's controller and proxy, the replicas and their models.
 READY = 180
+#: Seconds for Serve's router to learn which replica holds a model (reported through Serve's controller).
+ROUTER_UPDATE = 3
 #: The replicas' actor processes, as ``ps`` names them.
 REPLICA = "ray::ServeReplica:inference-server:"
 
@@ -154,9 +157,10 @@ def test_boto3_invokes_the_endpoint_and_reads_the_response_stream(forecast: RayS
     assert orjson.loads(parts) == FORECAST
 
 
-def test_a_target_model_loads_once_on_each_replica_that_serves_it(forecast: RayServer) -> None:
-    """boto3's invoke_endpoint with a TargetModel of the model root reaches a replica, which loads the model on first
-    use and keeps it: 20 requests load it at most once per replica."""
+def test_a_target_models_requests_go_to_the_replica_that_holds_it(forecast: RayServer) -> None:
+    """boto3's invoke_endpoint with a TargetModel of the model root: the first request loads the model on a replica;
+    once Serve's router knows (Serve's model multiplexing, fed the TargetModel by our proxy middleware), the next 20
+    go to that replica, and the model is loaded once in all."""
     runtime = boto3.client(
         "sagemaker-runtime",
         endpoint_url=f"http://127.0.0.1:{forecast.port}",
@@ -164,16 +168,19 @@ def test_a_target_model_loads_once_on_each_replica_that_serves_it(forecast: RayS
         aws_access_key_id="testing",
         aws_secret_access_key="testing",
     )
-    for _ in range(20):
+
+    def invoke() -> Any:
         answer = runtime.invoke_endpoint(
             EndpointName="forecast", TargetModel="forecast-v2", Body=REQUEST, ContentType="application/json"
         )
-        assert orjson.loads(answer["Body"].read()) == FORECAST
-    loads = [
-        line for line in forecast.output().splitlines() if "Loading the model from " in line and "forecast-v2" in line
-    ]
-    assert 1 <= len(loads) <= 2
-    assert len({line.split(")")[0] for line in loads}) == len(loads)  # (each from a replica of its own)
+        return orjson.loads(answer["Body"].read())
+
+    assert invoke() == FORECAST
+    time.sleep(ROUTER_UPDATE)
+    assert [invoke() for _ in range(20)] == [FORECAST] * 20
+    lines = forecast.output().splitlines()
+    loads = [line for line in lines if "Loading the model from " in line and "forecast-v2" in line]
+    assert len(loads) == 1, loads
 
 
 def test_tritonclient_infers_through_serve(forecast: RayServer) -> None:
@@ -333,3 +340,23 @@ def test_a_wrong_autoscale_is_refused_at_start(value: str) -> None:
     assert done.returncode == 2
     assert "--autoscale" in done.stderr
     assert "MIN:MAX" in done.stderr
+
+
+def test_the_proxy_middleware_gives_serve_the_target_model() -> None:
+    """Serve's proxy middleware adds the TargetModel as serve_multiplexed_model_id, never twice, and passes anything
+    else through unchanged."""
+    seen: list[dict[str, Any]] = []
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        seen.append(scope)
+
+    routing = ray_serve._TargetModelRouting(app)
+    target = [(b"x-amzn-sagemaker-target-model", b"m.tar.gz")]
+    given = [*target, (b"serve_multiplexed_model_id", b"other")]
+    for scope in ({"type": "http", "headers": target}, {"type": "http", "headers": given}, {"type": "lifespan"}):
+        asyncio.run(routing(scope, None, None))
+    assert seen[0]["headers"] == [*target, (b"serve_multiplexed_model_id", b"m.tar.gz")]
+    assert seen[1]["headers"] == given
+    assert seen[2] == {"type": "lifespan"}
+    [middleware] = ray_serve.proxy_middlewares()
+    assert middleware.cls is ray_serve._TargetModelRouting

@@ -100,13 +100,81 @@ class InferenceServer:
     """A replica of the app (Serve's ingress gives it the ASGI app, built when the replica starts)."""
 
 
+#: The header SageMaker's ``TargetModel`` arrives in, and the one Serve's model multiplexing routes by.
+TARGET_MODEL = b"x-amzn-sagemaker-target-model"
+MULTIPLEXED_MODEL = b"serve_multiplexed_model_id"
+#: What makes Serve's HTTP proxies call :func:`proxy_middlewares` (in the environment of the proxies' node).
+PROXY_CALLBACK = {"RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH": "inference_server.ray_serve:proxy_middlewares"}
+
+
+def _target_model(scope: dict[str, Any]) -> bytes | None:
+    return next((value for name, value in scope["headers"] if name.lower() == TARGET_MODEL), None)
+
+
+class _TargetModelRouting:
+    """Serve's proxy middleware: a request's ``TargetModel`` becomes its multiplexed model id too, so that Serve's
+    router sends it to a replica that holds that model, when there is one."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            target = _target_model(scope)
+            if target is not None and all(name.lower() != MULTIPLEXED_MODEL for name, _ in scope["headers"]):
+                scope = {**scope, "headers": [*scope["headers"], (MULTIPLEXED_MODEL, target)]}
+        await self.app(scope, receive, send)
+
+
+def proxy_middlewares() -> list[Any]:
+    """The middlewares of Serve's HTTP proxies (``RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH`` names this function):
+    ``TargetModel`` routed as Serve's multiplexed model id."""
+    from starlette.middleware import Middleware
+
+    return [Middleware(_TargetModelRouting)]
+
+
+class _Replica(Application):
+    """The app in a replica: a request's ``TargetModel`` is also a multiplexed model of the replica for Serve (at
+    most ``--max-models``, least recently used first out), which tells Serve's router that the replica holds it. The
+    model itself is loaded and kept by the app, as on ``serve``."""
+
+    def __init__(self, environ: dict[str, str], max_models: int) -> None:
+        super().__init__(environ)
+        self.max_models = max_models
+        self._held: Any = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**super().__getstate__(), "max_models": self.max_models}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["environ"], state["max_models"])  # type: ignore[misc]
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            target = _target_model(scope)
+            if target is not None:
+                await self._hold(target.decode("latin-1"))
+        await super().__call__(scope, receive, send)
+
+    async def _hold(self, model: str) -> None:
+        if self._held is None:
+            from ray import serve
+
+            async def held(model_id: str) -> str:
+                return model_id  # (a token: the app holds the model)
+
+            self._held = serve.multiplexed(max_num_models_per_replica=self.max_models or -1)(held)
+        await self._held(model)
+
+
 def app(settings: Settings | None = None, **options: Any) -> Any:
     """A Ray Serve application (``serve.run`` takes it) serving the app for ``settings`` (else settings from
     ``options``, named as :class:`~inference_server._settings.Settings`' fields, and the environment, as ``serve``
     reads them). Give it ``route_prefix="/"``: SageMaker's routes are at the root."""
     serve = _ray_serve()
     settings = settings if settings is not None else Settings.from_env(**options)
-    ingress = serve.ingress(Application(replica_environ(settings)))
+    ingress = serve.ingress(_Replica(replica_environ(settings), settings.max_models))
     deployment = serve.deployment(name="InferenceServer", **deployment_options(settings))
     return deployment(ingress(InferenceServer)).bind()
 
@@ -118,6 +186,9 @@ def serve(settings: Settings) -> int:
     from inference_server.server import cannot_start
 
     _ray.prepare(log_to_driver=True)
+    if not settings.ray_address:  # (a local Ray's proxies have this environment; a cluster's, that of `ray start`)
+        for name, value in PROXY_CALLBACK.items():
+            os.environ.setdefault(name, value)
     try:
         serve_module = _ray_serve()
     except ConfigurationError as exc:
