@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -300,6 +301,56 @@ def test_an_inference_script_micro_batches_inside_the_replicas_and_metrics_sum_t
         server.stop()
 
 
+VERSIONED = """
+    from pathlib import Path
+
+    def model_fn(model_dir):
+        return (Path(model_dir) / "version.txt").read_text()
+
+    def predict_fn(data, model):
+        return {"version": model}
+"""
+
+
+def test_sighup_replaces_the_replicas_with_the_model_loaded_again_without_a_failed_request(tmp_path: Path) -> None:
+    """A new model directory's content, then SIGHUP: Serve replaces the replica (the new one started before the old
+    stops), which loads the model again; requests sent all along are all answered 200, first by the old model, then
+    by the new one."""
+    model = tmp_path / "model"
+    (model / "code").mkdir(parents=True)
+    (model / "code" / "inference.py").write_text(textwrap.dedent(VERSIONED))
+    (model / "version.txt").write_text("1")
+    env = forecast_environment(SAGEMAKER_PROGRAM="inference.py", INFERENCE_SERVER_PLUGINS="")
+    server = RayServer(["--model-dir", str(model)], env, tmp_path / "serve.log")
+    try:
+        server.wait_serving()
+        versions: list[tuple[int, str]] = []
+        done = threading.Event()
+
+        def keep_asking() -> None:
+            while not done.is_set():
+                answer = server.request("POST", "/invocations", b"[1]", JSON, timeout=60)
+                body = orjson.loads(answer.body) if answer.status == 200 else {}
+                versions.append((answer.status, body.get("version", answer.body.decode(errors="replace"))))
+
+        asker = threading.Thread(target=keep_asking)
+        asker.start()
+        try:
+            wait_until(lambda: versions, 30, "no answer")
+            (model / "version.txt").write_text("2")
+            server.process.send_signal(signal.SIGHUP)
+            wait_until(lambda: "Reloaded: every replica" in server.output(), 120, "not reloaded")
+            wait_until(lambda: versions[-1] == (200, "2"), 30, "the new model does not answer")
+        finally:
+            done.set()
+            asker.join()
+        assert {status for status, _ in versions} == {200}
+        assert versions[0] == (200, "1")
+        assert versions[-1] == (200, "2")
+    finally:
+        server.stop()
+
+
 def test_without_ray_serve_the_engine_names_the_extra(tmp_path: Path) -> None:
     """With no importable Ray Serve, serve --engine ray exits 1 saying which extra to install."""
     shadow = tmp_path / "shadow" / "ray"
@@ -321,7 +372,12 @@ def test_the_settings_map_to_serves_deployment_options() -> None:
     """--replicas gives a fixed count, --autoscale Serve's autoscaler bounds (starting with at least one replica);
     each replica takes MAX_ONGOING_REQUESTS at once and drains for --graceful-timeout."""
     fixed = ray_serve.deployment_options(Settings.from_env({}, replicas=3, graceful_timeout=7))
-    assert fixed == {"num_replicas": 3, "max_ongoing_requests": 256, "graceful_shutdown_timeout_s": 7.0}
+    assert fixed == {
+        "num_replicas": 3,
+        "max_ongoing_requests": 256,
+        "graceful_shutdown_timeout_s": 7.0,
+        "max_surge_percent": 100,
+    }
     scaled = ray_serve.deployment_options(Settings.from_env({}, autoscale="0:4"))
     assert scaled["num_replicas"] == "auto"
     assert scaled["autoscaling_config"] == {"min_replicas": 0, "initial_replicas": 1, "max_replicas": 4}

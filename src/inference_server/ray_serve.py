@@ -82,6 +82,7 @@ def deployment_options(settings: Settings) -> dict[str, Any]:
     options: dict[str, Any] = {
         "max_ongoing_requests": MAX_ONGOING_REQUESTS,
         "graceful_shutdown_timeout_s": float(settings.graceful_timeout),
+        "max_surge_percent": 100,  # (a rolling update starts each new replica before an old one stops)
     }
     if settings.autoscale is not None:
         least, most = (int(part) for part in settings.autoscale.split(":"))
@@ -139,16 +140,17 @@ class _Replica(Application):
     most ``--max-models``, least recently used first out), which tells Serve's router that the replica holds it. The
     model itself is loaded and kept by the app, as on ``serve``."""
 
-    def __init__(self, environ: dict[str, str], max_models: int) -> None:
+    def __init__(self, environ: dict[str, str], max_models: int, generation: int = 0) -> None:
         super().__init__(environ)
-        self.max_models = max_models
+        #: Each reload's (SIGHUP) is another: what makes Serve see a new version and replace the replicas.
+        self.max_models, self.generation = max_models, generation
         self._held: Any = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**super().__getstate__(), "max_models": self.max_models}
+        return {**super().__getstate__(), "max_models": self.max_models, "generation": self.generation}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["environ"], state["max_models"])  # type: ignore[misc]
+        self.__init__(state["environ"], state["max_models"], state["generation"])  # type: ignore[misc]
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "http":
@@ -168,21 +170,24 @@ class _Replica(Application):
         await self._held(model)
 
 
-def app(settings: Settings | None = None, **options: Any) -> Any:
+def app(settings: Settings | None = None, *, generation: int = 0, **options: Any) -> Any:
     """A Ray Serve application (``serve.run`` takes it) serving the app for ``settings`` (else settings from
     ``options``, named as :class:`~inference_server._settings.Settings`' fields, and the environment, as ``serve``
-    reads them). Give it ``route_prefix="/"``: SageMaker's routes are at the root."""
+    reads them). Give it ``route_prefix="/"``: SageMaker's routes are at the root. Another ``generation`` of a running
+    application replaces its replicas one by one (Serve sees new code), each new one started before an old one
+    stops."""
     serve = _ray_serve()
     settings = settings if settings is not None else Settings.from_env(**options)
-    ingress = serve.ingress(_Replica(replica_environ(settings), settings.max_models))
+    ingress = serve.ingress(_Replica(replica_environ(settings), settings.max_models, generation))
     deployment = serve.deployment(name="InferenceServer", **deployment_options(settings))
     return deployment(ingress(InferenceServer)).bind()
 
 
 def serve(settings: Settings) -> int:
     """``serve --engine ray``: deploy the app on Ray Serve, its proxy on ``--host`` and ``--port``, then wait for
-    SIGTERM or SIGINT; then delete the application (Serve drains its replicas within ``--graceful-timeout``), and stop
-    the local Ray if it was started here, or else Serve if it serves nothing else. Returns the exit status."""
+    SIGTERM or SIGINT (SIGHUP: a rolling update, every replica replaced by one that loads the model again); then
+    delete the application (Serve drains its replicas within ``--graceful-timeout``), and stop the local Ray if it
+    was started here, or else Serve if it serves nothing else. Returns the exit status."""
     from inference_server.server import cannot_start
 
     _ray.prepare(log_to_driver=True)
@@ -202,9 +207,12 @@ def serve(settings: Settings) -> int:
         return cannot_start("--async-output is not served with --engine ray yet; serve it with --engine local")
     stopping = threading.Event()
 
+    reloading = threading.Event()
+
     def stop_when_told() -> None:
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda number, frame: stopping.set())
+        signal.signal(signal.SIGHUP, lambda number, frame: reloading.set())
 
     stop_when_told()
     most = int(settings.autoscale.split(":")[1]) if settings.autoscale else settings.replicas
@@ -245,8 +253,18 @@ def serve(settings: Settings) -> int:
                 time.monotonic() - began,
                 "" if started_here else f", on the cluster at {settings.ray_address}",
             )
-        while not stopping.wait(1):
-            pass
+        generation = 0
+        while not stopping.wait(0.2):
+            if reloading.is_set():  # SIGHUP: new replicas, with the model loaded again, in place of the old ones
+                reloading.clear()
+                generation += 1
+                logger.info("SIGHUP: replacing the replicas one by one, each new one loading the model again")
+                try:
+                    serve_module.run(app(settings, generation=generation), name=NAME, route_prefix="/")
+                except Exception as exc:  # (the new replicas could not start: the old ones stay, or Serve says)
+                    logger.error("The reload failed: %s", _first_line(exc))
+                else:
+                    logger.info("Reloaded: every replica serves the model loaded again")
         logger.info("Stopping: Ray Serve drains the replicas (at most %d s)", settings.graceful_timeout)
     finally:
         _stop(serve_module, ray, started_here, ours)
