@@ -436,7 +436,18 @@ def _executable(page: str) -> bool:
     return any(block.language in ("python", "sh") or block.title for block in _blocks(page))
 
 
-@pytest.mark.parametrize("page", [page for page in PAGES if _executable(page)])
+#: Pages that start more than one server on Ray (each a Ray of its own, or a cluster of two nodes), in seconds.
+SLOW_PAGES = {"how-to/ray-serve.md": 420}
+
+
+@pytest.mark.parametrize(
+    "page",
+    [
+        pytest.param(page, marks=[pytest.mark.timeout(SLOW_PAGES[page])] if page in SLOW_PAGES else [])
+        for page in PAGES
+        if _executable(page)
+    ],
+)
 def test_page_examples_run(page: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every python and sh block of the page runs, in order, and the output the page shows is what it prints."""
     _run_page(page, tmp_path, monkeypatch)
