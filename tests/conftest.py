@@ -513,6 +513,14 @@ class ServerFactory:
             server.stop()
 
 
+@pytest.fixture(scope="module")
+def forecast_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A model directory for the forecast plugin (which reads nothing from it), shared by a module's servers."""
+    path = tmp_path_factory.mktemp("model")
+    (path / "model.txt").write_text("the forecast needs no file")
+    return path
+
+
 @pytest.fixture
 def servers(tmp_path: Path, plugin_site: PluginSite) -> Iterator[ServerFactory]:
     """Start real servers; each is sent SIGTERM at the end of the test."""

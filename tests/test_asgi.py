@@ -96,17 +96,10 @@ class Uvicorn(Server):
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("model")
-    (path / "model.txt").write_text("the forecast needs no file")
-    return path
-
-
-@pytest.fixture(scope="module")
-def local(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator[Server]:
+def local(tmp_path_factory: pytest.TempPathFactory, forecast_model_dir: Path) -> Iterator[Server]:
     """The forecast plugin on ``serve`` (granian), the reference."""
     log = tmp_path_factory.mktemp("local") / "serve.log"
-    server = Server(["--model-dir", str(model_dir)], forecast_environment(), log)
+    server = Server(["--model-dir", str(forecast_model_dir)], forecast_environment(), log)
     try:
         yield server.wait_ready()
     finally:
@@ -114,13 +107,13 @@ def local(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator
 
 
 @pytest.fixture
-def uvicorn(tmp_path: Path, model_dir: Path) -> Iterator[Any]:
+def uvicorn(tmp_path: Path, forecast_model_dir: Path) -> Iterator[Any]:
     """Start uvicorn servers of the app (settings and more options given); each is stopped at the test's end."""
     started: list[Uvicorn] = []
 
     def start(*options: str, **env: str) -> Uvicorn:
         server = Uvicorn(
-            forecast_environment(INFERENCE_SERVER_MODEL_DIR=str(model_dir), **env),
+            forecast_environment(INFERENCE_SERVER_MODEL_DIR=str(forecast_model_dir), **env),
             tmp_path / f"uvicorn-{len(started)}.log",
             *options,
         )

@@ -95,13 +95,6 @@ def _command(pid: int) -> str:
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("model")
-    (path / "model.txt").write_text("the forecast needs no file")
-    return path
-
-
-@pytest.fixture(scope="module")
 def model_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A --model-root with one more model, for TargetModel."""
     path = tmp_path_factory.mktemp("root")
@@ -111,10 +104,12 @@ def model_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def forecast(tmp_path_factory: pytest.TempPathFactory, model_dir: Path, model_root: Path) -> Iterator[RayServer]:
+def forecast(
+    tmp_path_factory: pytest.TempPathFactory, forecast_model_dir: Path, model_root: Path
+) -> Iterator[RayServer]:
     """The forecast plugin on Ray Serve, two replicas, with a model root for TargetModel."""
     log = tmp_path_factory.mktemp("ray") / "serve.log"
-    options = ["--replicas", "2", "--model-dir", str(model_dir), "--model-root", str(model_root)]
+    options = ["--replicas", "2", "--model-dir", str(forecast_model_dir), "--model-root", str(model_root)]
     server = RayServer(options, forecast_environment(), log)
     try:
         yield server.wait_serving()
@@ -123,10 +118,11 @@ def forecast(tmp_path_factory: pytest.TempPathFactory, model_dir: Path, model_ro
 
 
 @pytest.fixture(scope="module")
-def local(tmp_path_factory: pytest.TempPathFactory, model_dir: Path, model_root: Path) -> Iterator[Server]:
+def local(tmp_path_factory: pytest.TempPathFactory, forecast_model_dir: Path, model_root: Path) -> Iterator[Server]:
     """The same plugin and settings on ``serve`` (granian), for comparison."""
     log = tmp_path_factory.mktemp("local") / "serve.log"
-    server = Server(["--model-dir", str(model_dir), "--model-root", str(model_root)], forecast_environment(), log)
+    options = ["--model-dir", str(forecast_model_dir), "--model-root", str(model_root)]
+    server = Server(options, forecast_environment(), log)
     try:
         yield server.wait_ready()
     finally:
@@ -139,15 +135,20 @@ def test_answers_are_the_same_bytes_as_serve(forecast: RayServer, local: Server)
     assert orjson.loads(forecast.request("POST", "/invocations", REQUEST, JSON).body) == FORECAST
 
 
-def test_boto3_invokes_the_endpoint_and_reads_the_response_stream(forecast: RayServer) -> None:
-    """boto3's invoke_endpoint and invoke_endpoint_with_response_stream, unmodified, reach a replica."""
-    runtime = boto3.client(
+def _runtime(server: Server) -> Any:
+    """boto3's SageMaker Runtime client, unmodified, pointed at ``server``."""
+    return boto3.client(
         "sagemaker-runtime",
-        endpoint_url=f"http://127.0.0.1:{forecast.port}",
+        endpoint_url=f"http://127.0.0.1:{server.port}",
         region_name="us-east-1",
         aws_access_key_id="testing",
         aws_secret_access_key="testing",
     )
+
+
+def test_boto3_invokes_the_endpoint_and_reads_the_response_stream(forecast: RayServer) -> None:
+    """boto3's invoke_endpoint and invoke_endpoint_with_response_stream, unmodified, reach a replica."""
+    runtime = _runtime(forecast)
     answer = runtime.invoke_endpoint(EndpointName="forecast", Body=REQUEST, ContentType="application/json")
     assert answer["ContentType"] == "application/json"
     assert orjson.loads(answer["Body"].read()) == FORECAST
@@ -162,13 +163,7 @@ def test_a_target_models_requests_go_to_the_replica_that_holds_it(forecast: RayS
     """boto3's invoke_endpoint with a TargetModel of the model root: the first request loads the model on a replica;
     once Serve's router knows (Serve's model multiplexing, fed the TargetModel by our proxy middleware), the next 20
     go to that replica, and the model is loaded once in all."""
-    runtime = boto3.client(
-        "sagemaker-runtime",
-        endpoint_url=f"http://127.0.0.1:{forecast.port}",
-        region_name="us-east-1",
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-    )
+    runtime = _runtime(forecast)
 
     def invoke() -> Any:
         answer = runtime.invoke_endpoint(
